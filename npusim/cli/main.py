@@ -1,0 +1,51 @@
+"""Entry point: builds the argument parser from the command modules and turns NpusimError into one line, exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+import npusim
+import npusim.cli
+from npusim.errors import NpusimError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that exits 2 with one sentence (its default), without printing the whole usage block."""
+
+    def error(self, message):
+        self.exit(2, f"npusim: error: {message} (see '{self.prog} --help')\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="npusim", description="Performance simulator and cost model of Ascend NPUs for "
+                                                "sparse-attention LLMs (DeepSeek-V3.2-Exp, V4).")
+    parser.add_argument("--version", action="version", version=f"npusim {npusim.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for info in sorted(pkgutil.iter_modules(npusim.cli.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"npusim.cli.{info.name}")
+        if hasattr(module, "register"):
+            module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "run", None):
+        parser.print_help()
+        return 0
+    try:
+        args.run(args)
+    except NpusimError as exc:
+        print(f"npusim: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

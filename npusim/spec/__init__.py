@@ -1,0 +1,1 @@
+"""Layer 1: typed, validated, unit-aware specs loaded from YAML (chips, systems, models, plans, scenarios)."""

@@ -1,0 +1,97 @@
+"""Named YAML specs (chips, systems, models, plans): find by name or path, resolve `inherits:`, apply overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from npusim.errors import NpusimError, did_you_mean
+from npusim.spec.schema import BuildContext, Leaf, build, merge, normalise, read_yaml, set_path
+
+
+def data_root() -> Path:
+    """The repo root holding hardware/ and workloads/ (NPUSIM_HOME overrides, for installed copies)."""
+    env = os.environ.get("NPUSIM_HOME")
+    return Path(env) if env else Path(__file__).resolve().parents[2]
+
+
+def display_path(path: Path) -> str:
+    """A path as a user would type it: relative to the current directory or the repo when possible."""
+    for base in (Path.cwd(), data_root()):
+        try:
+            return str(path.resolve().relative_to(base.resolve()))
+        except ValueError:
+            continue
+    return str(path)
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a built spec came from: its file and, per dotted field, the source text and the file that set it."""
+
+    file: str
+    sources: dict[str, str]
+    files: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """One kind of spec stored as `<dir>/<name>.yaml`."""
+
+    kind: str
+    subdir: str
+    cls: type
+
+    @property
+    def directory(self) -> Path:
+        return data_root() / self.subdir
+
+    def names(self) -> list[str]:
+        return sorted(p.stem for p in self.directory.glob("*.yaml"))
+
+    def path_of(self, name: str) -> Path:
+        p = Path(name)
+        if p.suffix in (".yaml", ".yml") or os.sep in name or "/" in name:
+            if not p.exists():
+                raise NpusimError(f"no such {self.kind} file", file=name)
+            return p
+        p = self.directory / f"{name}.yaml"
+        if not p.exists():
+            raise NpusimError(f"unknown {self.kind} '{name}'" + did_you_mean(name, self.names()))
+        return p
+
+    def raw(self, name: str, _seen: tuple[str, ...] = ()) -> tuple[dict, str]:
+        """The normalised tree of `name` with its parents merged underneath, and its display file name."""
+        path = self.path_of(name)
+        shown = display_path(path)
+        data = read_yaml(path, shown)
+        parent = data.pop("inherits", None)
+        tree = normalise(data, shown)
+        if parent is not None:
+            if not isinstance(parent, str):
+                raise NpusimError(f"must name one {self.kind}", file=shown, field="inherits")
+            if parent in _seen:
+                raise NpusimError(f"inherits in a cycle ({' -> '.join(_seen + (parent,))})", file=shown, field="inherits")
+            if not (self.directory / f"{parent}.yaml").exists():
+                raise NpusimError(f"unknown {self.kind} '{parent}'" + did_you_mean(parent, self.names()),
+                                  file=shown, field="inherits")
+            base, _ = self.raw(parent, _seen + (name,))
+            tree = merge(base, tree)
+        if "name" not in tree or tree["name"].file != shown:
+            tree["name"] = Leaf(path.stem, None, shown)
+        return tree, shown
+
+    def load(self, name: str, overrides: dict[str, str] | None = None):
+        tree, shown = self.raw(name)
+        for dotted, value in (overrides or {}).items():
+            set_path(tree, dotted, value, f"--set {dotted}")
+        ctx = BuildContext(shown)
+        obj = build(self.cls, tree, ctx)
+        obj = dataclasses.replace(obj, provenance=Provenance(shown, ctx.sources, ctx.files))
+        check = getattr(obj, "check", None)
+        if check:
+            for path, message in check():
+                raise NpusimError(message, file=ctx.files.get(path, shown), field=path)
+        return obj

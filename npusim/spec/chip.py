@@ -1,0 +1,190 @@
+"""The chip: a DaVinci die (AIC cube cores, AIV vector cores, their pipes and buffers, L2, HBM) and its package.
+
+All per-core and memory figures describe ONE die (the rank the runtime sees); `dies` multiplies them for a package.
+Peaks are derived (cores x FLOP/cycle x clock), never typed in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from npusim.spec.catalog import Catalog, Provenance
+from npusim.spec.schema import count, internal, quantity, ratio, shape, table, text
+
+CUBE_DTYPES = ("fp16", "bf16", "fp32", "hf32", "int8", "int4", "fp8", "hif8", "mxfp8", "mxfp4")
+VECTOR_DTYPES = ("fp16", "bf16", "fp32", "int8", "int16", "int32")
+AIC_PIPES = ("mte2", "mte1", "cube", "fixpipe", "scalar")
+AIV_PIPES = ("mte2", "vector", "mte3", "scalar")
+BYTES_PER_ELEMENT = {"fp32": 4.0, "hf32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "fp8": 1.0, "hif8": 1.0,
+                     "mxfp8": 1.0, "int4": 0.5, "mxfp4": 0.5, "int16": 2.0, "int32": 4.0}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pipe:
+    """An in-order instruction queue of a core; instructions of different pipes run concurrently."""
+
+    bytes_per_cycle: float = quantity("number", doc="sustained data rate of the pipe per core")
+    latency_cycles: float = quantity("number", minimum=0.0, strict=False, doc="fixed start-up cost per instruction")
+    routes: dict[str, float] = table(quantity("number"), default={}, doc="per source>destination rate where it differs")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cube:
+    flop_per_cycle: dict[str, float] = table(quantity("number"), keys=CUBE_DTYPES, doc="per AIC, 1 MAC = 2 FLOP")
+    fractal: dict[str, tuple[int, int, int]] = table(shape(), keys=CUBE_DTYPES, doc="M x K x N of one mmad step")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Vector:
+    flop_per_cycle: dict[str, float] = table(quantity("number"), keys=VECTOR_DTYPES, doc="per AIV, FMA = 2 FLOP")
+    repeat_bytes: float = quantity("bytes", doc="bytes processed by one vector repeat")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AicBuffers:
+    l1: float = quantity("bytes")
+    l0a: float = quantity("bytes")
+    l0b: float = quantity("bytes")
+    l0c: float = quantity("bytes")
+    bias_table: float = quantity("bytes")
+    fixpipe: float = quantity("bytes", doc="fixpipe parameter buffers fb0..fb3 together")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AivBuffers:
+    ub: float = quantity("bytes")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Aic:
+    count: int = count()
+    cube: Cube
+    pipes: dict[str, Pipe]
+    buffers: AicBuffers
+
+
+@dataclass(frozen=True, kw_only=True)
+class Aiv:
+    count: int = count()
+    vector: Vector
+    pipes: dict[str, Pipe]
+    buffers: AivBuffers
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cache:
+    size: float = quantity("bytes")
+    read_bandwidth: float = quantity("bandwidth")
+    write_bandwidth: float = quantity("bandwidth")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hbm:
+    capacity: float = quantity("bytes")
+    usable: float = quantity("bytes", doc="capacity left to the application after the runtime's reservation")
+    bandwidth: float = quantity("bandwidth")
+    kind: str = text(default="HBM")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Overheads:
+    kernel_launch: float = quantity("time", minimum=0.0, strict=False, doc="eager launch of one kernel")
+    graph_launch: float = quantity("time", minimum=0.0, strict=False, doc="per kernel inside a captured graph")
+    cross_core_sync: float = quantity("time", minimum=0.0, strict=False, doc="one AIC<->AIV flag hand-off through GM")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Power:
+    tdp: float = quantity("power")
+    idle: float = quantity("power")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Efficiency:
+    """Achievable fractions of peak: named, calibrated parameters (fitted to published.md in later issues)."""
+
+    cube: float = ratio()
+    vector: float = ratio()
+    hbm: float = ratio()
+    l2: float = ratio()
+    link: float = ratio()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Chip:
+    name: str = text()
+    description: str = text(default="")
+    family: str = text(choices=("910b", "910c", "950"))
+    arch: str = text(doc="CANN arch name, e.g. dav-c220")
+    dies: int = count(default=1)
+    clock: float = quantity("frequency")
+    aic: Aic
+    aiv: Aiv
+    l2: Cache
+    hbm: Hbm
+    die_to_die: float | None = quantity("bandwidth", default=None, doc="per direction between the dies of a package")
+    overheads: Overheads
+    power: Power
+    efficiency: Efficiency
+    price: float = quantity("money", doc="per package")
+    provenance: Provenance = internal()
+
+    # ---------------------------------------------------------------- derived figures (per die unless said)
+    def peak_cube_flops(self, dtype: str) -> float:
+        return self.aic.count * self.aic.cube.flop_per_cycle[dtype] * self.clock
+
+    def peak_vector_flops(self, dtype: str = "fp16") -> float:
+        return self.aiv.count * self.aiv.vector.flop_per_cycle[dtype] * self.clock
+
+    def marketing_flops(self, dtype: str = "fp16") -> float:
+        """Huawei's 'total' figure for A2/A5: cube + vector of the same dtype."""
+        return self.peak_cube_flops(dtype) + self.peak_vector_flops(dtype)
+
+    @property
+    def package_hbm_capacity(self) -> float:
+        return self.hbm.capacity * self.dies
+
+    @property
+    def package_hbm_bandwidth(self) -> float:
+        return self.hbm.bandwidth * self.dies
+
+    def package_peak_cube_flops(self, dtype: str) -> float:
+        return self.peak_cube_flops(dtype) * self.dies
+
+    def check(self) -> list[tuple[str, str]]:
+        """Consistency rules that no single field can express: (field, sentence) for each violation."""
+        problems = []
+        b = self.aic.buffers
+        for name in ("l0a", "l0b", "l0c"):
+            size = getattr(b, name)
+            if size > b.l1:
+                problems.append((f"aic.buffers.{name}", f"is {size / 1024:g} KiB, larger than L1 ({b.l1 / 1024:g} KiB)"))
+        for dtype, (m, k, n) in self.aic.cube.fractal.items():
+            size = BYTES_PER_ELEMENT[dtype]
+            acc = 4.0
+            for buf, need in (("l0a", m * k * size), ("l0b", k * n * size), ("l0c", m * n * acc)):
+                if need > getattr(b, buf):
+                    problems.append((f"aic.cube.fractal.{dtype}",
+                                     f"{m}x{k}x{n} needs {need:g} B of {buf.upper()}, which holds {getattr(b, buf):g} B"))
+        for dtype in self.aic.cube.flop_per_cycle:
+            if dtype not in self.aic.cube.fractal:
+                problems.append((f"aic.cube.fractal.{dtype}", "is missing: every cube dtype with a rate needs a fractal"))
+        for pipes, allowed, where in ((self.aic.pipes, AIC_PIPES, "aic.pipes"), (self.aiv.pipes, AIV_PIPES, "aiv.pipes")):
+            for p in allowed:
+                if p not in pipes:
+                    problems.append((f"{where}.{p}", f"is missing (pipes of this core: {', '.join(allowed)})"))
+            for p in pipes:
+                if p not in allowed:
+                    problems.append((f"{where}.{p}", f"is not a pipe of this core (allowed: {', '.join(allowed)})"))
+        if self.hbm.usable > self.hbm.capacity:
+            problems.append(("hbm.usable", "is larger than hbm.capacity"))
+        if self.dies > 1 and self.die_to_die is None:
+            problems.append(("die_to_die", "is missing: a package of several dies needs the die-to-die bandwidth"))
+        return problems
+
+
+CHIPS = Catalog("chip", "hardware/chips", Chip)
+
+
+def load_chip(name: str, overrides: dict[str, str] | None = None) -> Chip:
+    return CHIPS.load(name, overrides)
