@@ -43,6 +43,7 @@ class Catalog:
     kind: str
     subdir: str
     cls: type
+    require_sources: bool = True
 
     @property
     def directory(self) -> Path:
@@ -87,7 +88,7 @@ class Catalog:
         tree, shown = self.raw(name)
         for dotted, value in (overrides or {}).items():
             set_path(tree, dotted, value, f"--set {dotted}")
-        ctx = BuildContext(shown)
+        ctx = BuildContext(shown, self.require_sources)
         obj = build(self.cls, tree, ctx)
         obj = dataclasses.replace(obj, provenance=Provenance(shown, ctx.sources, ctx.files))
         check = getattr(obj, "check", None)

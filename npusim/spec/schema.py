@@ -135,6 +135,7 @@ class BuildContext:
     """Where each built field came from; errors name the file that wrote the offending value."""
 
     default_file: str
+    require_sources: bool = True
     sources: dict[str, str] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
 
@@ -212,10 +213,11 @@ def _leaf(meta, node, ctx: BuildContext, path: str):
     ctx.files[path] = node.file
     kind = meta.get("kind", "text")
     value = node.value
-    if kind != "text":
+    if kind != "text" and ctx.require_sources:
         if not node.source:
             ctx.fail(path, "has no source: give {value: ..., source: \"<document row>\"} or \"estimate: <reason>\"",
                      node.file)
+    if node.source:
         ctx.sources[path] = node.source
     try:
         if kind == "quantity":
