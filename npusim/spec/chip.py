@@ -151,6 +151,24 @@ class Chip:
     def package_peak_cube_flops(self, dtype: str) -> float:
         return self.peak_cube_flops(dtype) * self.dies
 
+    def derived(self) -> list[tuple[str, float, str, str]]:
+        """Headline figures computed from the fields: (name, value, dimension, formula)."""
+        rows = []
+        for dtype in self.aic.cube.flop_per_cycle:
+            rows.append((f"peak.cube.{dtype}", self.peak_cube_flops(dtype) / 1e12, "number",
+                         "TFLOPS per die = aic.count x cube.flop_per_cycle x clock"))
+        for dtype in self.aiv.vector.flop_per_cycle:
+            rows.append((f"peak.vector.{dtype}", self.peak_vector_flops(dtype) / 1e12, "number",
+                         "TFLOPS per die = aiv.count x vector.flop_per_cycle x clock"))
+        rows.append(("peak.cube_plus_vector.fp16", self.marketing_flops() / 1e12, "number",
+                     "TFLOPS per die, Huawei's 'total' = cube + vector fp16"))
+        if self.dies > 1:
+            rows.append(("package.cube.bf16", self.package_peak_cube_flops("bf16") / 1e12, "number",
+                         "TFLOPS per package = dies x per-die peak"))
+            rows.append(("package.hbm.capacity", self.package_hbm_capacity, "bytes", "dies x hbm.capacity"))
+            rows.append(("package.hbm.bandwidth", self.package_hbm_bandwidth, "bandwidth", "dies x hbm.bandwidth"))
+        return rows
+
     def check(self) -> list[tuple[str, str]]:
         """Consistency rules that no single field can express: (field, sentence) for each violation."""
         problems = []

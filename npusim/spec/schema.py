@@ -265,3 +265,17 @@ def describe(cls, prefix: str = "") -> dict[str, dict]:
         elif f.init and not f.metadata.get("internal"):
             out[prefix + f.name] = dict(f.metadata)
     return out
+
+
+def leaves(obj, prefix: str = "", meta: dict | None = None):
+    """(dotted path, value, field metadata) of every leaf of a built spec, in declaration order."""
+    if dataclasses.is_dataclass(obj):
+        for f in dataclasses.fields(obj):
+            if f.metadata.get("internal"):
+                continue
+            yield from leaves(getattr(obj, f.name), f"{prefix}{f.name}.", dict(f.metadata))
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from leaves(v, f"{prefix}{k}.", meta)
+    elif obj is not None:
+        yield prefix.rstrip("."), obj, meta or {}

@@ -76,7 +76,7 @@ def _examples(dim: Dimension) -> str:
 
 
 _FORMAT_UNITS = {
-    "bytes": ["B", "KiB", "MiB", "GiB", "TiB"],
+    "bytes": ["B", "KiB", "MiB", "GiB", "TiB", "PiB"],
     "bandwidth": ["B/s", "kB/s", "MB/s", "GB/s", "TB/s", "PB/s"],
     "frequency": ["Hz", "kHz", "MHz", "GHz"],
     "time": ["ns", "us", "ms", "s"],
@@ -91,7 +91,7 @@ def format(value: float, dimension: str, digits: int = 4) -> str:
     """The largest unit that keeps the mantissa >= 1, e.g. 1.6e12 -> '1.6 TB/s'."""
     dim = DIMENSIONS[dimension]
     if dimension == "number":
-        return f"{value:.{digits}g}"
+        return f"{value:.{max(digits, 6)}g}"
     units = _FORMAT_UNITS[dimension]
     best = units[0]
     for u in units:
