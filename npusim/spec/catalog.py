@@ -86,6 +86,10 @@ class Catalog:
 
     def load(self, name: str, overrides: dict[str, str] | None = None):
         tree, shown = self.raw(name)
+        return self.from_tree(tree, shown, overrides)
+
+    def from_tree(self, tree: dict, shown: str, overrides: dict[str, str] | None = None):
+        """Build and check a spec from a normalised tree (a catalog file, or a foreign format mapped onto ours)."""
         for dotted, value in (overrides or {}).items():
             set_path(tree, dotted, value, f"--set {dotted}")
         ctx = BuildContext(shown, self.require_sources)
@@ -94,5 +98,5 @@ class Catalog:
         check = getattr(obj, "check", None)
         if check:
             for path, message in check():
-                raise NpusimError(message, file=ctx.files.get(path, shown), field=path)
+                raise NpusimError(message, file=shown, field=path)
         return obj

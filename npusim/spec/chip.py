@@ -116,7 +116,7 @@ class Chip:
     description: str = text(default="")
     family: str = text(choices=("910b", "910c", "950"))
     arch: str = text(doc="CANN arch name, e.g. dav-c220")
-    dies: int = count(default=1)
+    dies: int = count()
     clock: float = quantity("frequency")
     aic: Aic
     aiv: Aiv
@@ -183,7 +183,7 @@ class Chip:
             for buf, need in (("l0a", m * k * size), ("l0b", k * n * size), ("l0c", m * n * acc)):
                 if need > getattr(b, buf):
                     problems.append((f"aic.cube.fractal.{dtype}",
-                                     f"{m}x{k}x{n} needs {need:g} B of {buf.upper()}, which holds {getattr(b, buf):g} B"))
+                                     f"{m}x{k}x{n} needs {need:g} B of {buf.upper()} but aic.buffers.{buf} is {getattr(b, buf):g} B"))
         for dtype in self.aic.cube.flop_per_cycle:
             if dtype not in self.aic.cube.fractal:
                 problems.append((f"aic.cube.fractal.{dtype}", "is missing: every cube dtype with a rate needs a fractal"))

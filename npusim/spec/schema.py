@@ -36,6 +36,11 @@ def count(*, default=MISSING, minimum: int = 1, doc: str = ""):
     return field(default=default, metadata={"kind": "count", "min": minimum, "doc": doc})
 
 
+def counts(*, default=MISSING, minimum: int = 0, doc: str = ""):
+    """A list of whole numbers, e.g. a per-layer setting such as compress_ratios; built as a tuple."""
+    return field(default=default, metadata={"kind": "counts", "min": minimum, "doc": doc})
+
+
 def ratio(*, default=MISSING, doc: str = ""):
     """A fraction in (0, 1]: efficiencies and acceptance rates."""
     return field(default=default, metadata={"kind": "ratio", "doc": doc})
@@ -232,6 +237,12 @@ def _leaf(meta, node, ctx: BuildContext, path: str):
             if value < meta["min"]:
                 raise units.UnitError(f"must be >= {meta['min']}, got {value}")
             return value
+        if kind == "counts":
+            if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+                raise units.UnitError(f"must be a list of whole numbers, got '{value}'")
+            if any(v < meta["min"] for v in value):
+                raise units.UnitError(f"must hold numbers >= {meta['min']}, got {value}")
+            return tuple(value)
         if kind == "ratio":
             x = units.parse(value, "number")
             if not 0.0 < x <= 1.0:

@@ -1,0 +1,182 @@
+"""Model configs: DeepSeek-V3 / V3.2 (MLA, optional DSA indexer) and V4 (shared-KV MQA, Compressor, mHC).
+
+Field names are those of the Hugging Face `config.json` of each model, so `load_model` also accepts such a file:
+its keys are mapped 1:1, the keys listed in HF_IGNORED are dropped (they do not change cost), and anything else is
+an error with a suggestion — the same rule our own YAML files follow, where no key is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from npusim.errors import NpusimError
+from npusim.spec.catalog import Catalog, Provenance, display_path
+from npusim.spec.quant import PRESETS
+from npusim.spec.schema import count, counts, internal, normalise, quantity, text
+
+MODEL_TYPES = ("deepseek_v3", "deepseek_v32", "deepseek_v4")
+COMPRESS_RATIOS = (0, 4, 128)  # 0 = sliding window only, 4 = CSA (overlapping, with indexer), 128 = HCA
+OVERLAP_RATIO = 4
+
+# HF config.json keys that do not change shapes, FLOPs or bytes (numerics, tokeniser, training-only, serving).
+HF_IGNORED = frozenset({
+    "architectures", "auto_map", "attention_bias", "attention_dropout", "bos_token_id", "eos_token_id", "pad_token_id",
+    "ep_size", "hidden_act", "initializer_range", "moe_layer_freq", "norm_topk_prob", "num_key_value_heads",
+    "pretraining_tp", "rms_norm_eps", "rope_scaling", "rope_theta", "compress_rope_theta", "tie_word_embeddings",
+    "topk_method", "torch_dtype", "dtype", "transformers_version", "use_cache", "aux_loss_alpha", "seq_aux",
+    "hc_eps", "indexer_rope_interleave", "scale_fmt", "quantization_config", "expert_dtype",
+})
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """One checkpoint's architecture. Fields a family does not use keep their zero default."""
+
+    name: str = text()
+    description: str = text(default="")
+    model_type: str = text(choices=MODEL_TYPES, doc="deepseek_v3: MLA; deepseek_v32: MLA + DSA; deepseek_v4")
+    default_quant: str = text(default="bf16", choices=tuple(PRESETS), doc="format of the released weights")
+    vocab_size: int = count()
+    hidden_size: int = count()
+    num_hidden_layers: int = count()
+    num_nextn_predict_layers: int = count(default=0, minimum=0, doc="MTP layers")
+    max_position_embeddings: int = count()
+    # attention (shared)
+    num_attention_heads: int = count()
+    q_lora_rank: int = count()
+    qk_rope_head_dim: int = count()
+    # MLA (V3, V3.2)
+    kv_lora_rank: int = count(default=0, minimum=0)
+    qk_nope_head_dim: int = count(default=0, minimum=0)
+    v_head_dim: int = count(default=0, minimum=0)
+    # DSA / V4 indexer; index_topk 0 means no indexer (dense attention, V3.1)
+    index_n_heads: int = count(default=0, minimum=0)
+    index_head_dim: int = count(default=0, minimum=0)
+    index_topk: int = count(default=0, minimum=0)
+    # V4 attention
+    head_dim: int = count(default=0, minimum=0, doc="V4 shared K=V head width")
+    o_groups: int = count(default=0, minimum=0)
+    o_lora_rank: int = count(default=0, minimum=0)
+    sliding_window: int = count(default=0, minimum=0)
+    compress_ratios: tuple[int, ...] = counts(default=(), doc="per layer, then the MTP layer; extra entries unused")
+    hc_mult: int = count(default=1, doc="mHC residual streams; 1 = plain residual")
+    hc_sinkhorn_iters: int = count(default=0, minimum=0)
+    # FFN / MoE
+    intermediate_size: int = count(default=0, minimum=0, doc="dense FFN width")
+    first_k_dense_replace: int = count(default=0, minimum=0)
+    moe_intermediate_size: int = count()
+    n_routed_experts: int = count()
+    n_shared_experts: int = count(default=0, minimum=0)
+    num_experts_per_tok: int = count()
+    n_group: int = count(default=1)
+    topk_group: int = count(default=1)
+    num_hash_layers: int = count(default=0, minimum=0)
+    scoring_func: str = text(choices=("sigmoid", "softmax", "sqrtsoftplus"))
+    routed_scaling_factor: float = quantity("number")
+    swiglu_limit: float = quantity("number", default=0.0, minimum=0.0, strict=False, doc="0 = no clamp")
+    provenance: Provenance = internal()
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def is_v4(self) -> bool:
+        return self.model_type == "deepseek_v4"
+
+    @property
+    def has_indexer(self) -> bool:
+        return self.index_topk > 0
+
+    def compress_ratio(self, layer: int) -> int:
+        """Compress ratio of decoder layer `layer`; index num_hidden_layers is the MTP layer (0 when not listed)."""
+        return self.compress_ratios[layer] if layer < len(self.compress_ratios) else 0
+
+    def is_dense_ffn(self, layer: int) -> bool:
+        return layer < self.first_k_dense_replace
+
+    def check(self) -> list[tuple[str, str]]:
+        """Rules that tie fields together: (field, sentence) per violation."""
+        p: list[tuple[str, str]] = []
+        if self.n_routed_experts % self.n_group:
+            p.append(("n_group", f"{self.n_group} does not divide n_routed_experts ({self.n_routed_experts})"))
+        elif self.topk_group > self.n_group:
+            p.append(("topk_group", f"{self.topk_group} is more than n_group ({self.n_group})"))
+        elif self.num_experts_per_tok > self.topk_group * self.n_routed_experts // self.n_group:
+            p.append(("num_experts_per_tok", f"{self.num_experts_per_tok} is more than the experts of "
+                                             f"{self.topk_group} groups"))
+        if self.first_k_dense_replace > self.num_hidden_layers:
+            p.append(("first_k_dense_replace", f"{self.first_k_dense_replace} is more than num_hidden_layers"))
+        if self.first_k_dense_replace and not self.intermediate_size:
+            p.append(("intermediate_size", "is missing: dense FFN layers (first_k_dense_replace) need their width"))
+        if self.has_indexer and not (self.index_n_heads and self.index_head_dim):
+            p.append(("index_n_heads", "and index_head_dim must be set when index_topk > 0"))
+        if self.model_type == "deepseek_v3" and self.has_indexer:
+            p.append(("index_topk", "must be 0 for deepseek_v3 (no indexer); use model_type deepseek_v32"))
+        if self.model_type == "deepseek_v32" and not self.has_indexer:
+            p.append(("index_topk", "must be > 0 for deepseek_v32 (the DSA indexer picks index_topk keys)"))
+        return p + (self._check_v4() if self.is_v4 else self._check_mla())
+
+    def _check_mla(self) -> list[tuple[str, str]]:
+        return [(f, "is missing: MLA needs it") for f in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim")
+                if not getattr(self, f)]
+
+    def _check_v4(self) -> list[tuple[str, str]]:
+        p = [(f, "is missing: DeepSeek-V4 attention needs it")
+             for f in ("head_dim", "o_groups", "o_lora_rank", "sliding_window") if not getattr(self, f)]
+        if self.o_groups and self.num_attention_heads % self.o_groups:
+            p.append(("o_groups", f"{self.o_groups} does not divide num_attention_heads ({self.num_attention_heads})"))
+        if self.head_dim and self.qk_rope_head_dim >= self.head_dim:
+            p.append(("qk_rope_head_dim", f"{self.qk_rope_head_dim} must be smaller than head_dim ({self.head_dim})"))
+        if len(self.compress_ratios) < self.num_hidden_layers:
+            p.append(("compress_ratios", f"has {len(self.compress_ratios)} entries, needs one per layer "
+                                         f"({self.num_hidden_layers})"))
+        bad = sorted({r for r in self.compress_ratios if r not in COMPRESS_RATIOS})
+        if bad:
+            p.append(("compress_ratios", f"holds {bad}; allowed ratios: {', '.join(map(str, COMPRESS_RATIOS))}"))
+        if OVERLAP_RATIO in self.compress_ratios[: self.num_hidden_layers] and not self.has_indexer:
+            p.append(("index_topk", "must be > 0: ratio-4 (CSA) layers select keys with the indexer"))
+        if self.num_hash_layers > self.num_hidden_layers:
+            p.append(("num_hash_layers", f"{self.num_hash_layers} is more than num_hidden_layers"))
+        return p
+
+
+MODELS = Catalog("model", "workloads/models", ModelConfig, require_sources=False)
+
+
+def _quant_of_hf(config: dict) -> str:
+    """The preset matching a checkpoint's quantization_config / expert_dtype."""
+    method = (config.get("quantization_config") or {}).get("quant_method")
+    if method == "fp8":
+        return "mxfp8-mxfp4" if config.get("expert_dtype") == "fp4" else "fp8"
+    return "bf16"
+
+
+def _load_hf(path: Path, overrides: dict[str, str] | None) -> ModelConfig:
+    shown = display_path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise NpusimError(f"cannot read the file ({exc.strerror})", file=shown) from None
+    except json.JSONDecodeError as exc:
+        raise NpusimError(f"is not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}", file=shown) from None
+    if not isinstance(data, dict):
+        raise NpusimError("must be a JSON object of config fields", file=shown)
+    kept = {k: v for k, v in data.items() if k not in HF_IGNORED}
+    kept["default_quant"] = _quant_of_hf(data)
+    kept.setdefault("name", path.parent.name if path.stem == "config" else path.stem)
+    return MODELS.from_tree(normalise(kept, shown), shown, overrides)
+
+
+def load_model(name: str, overrides: dict[str, str] | None = None) -> ModelConfig:
+    """A model by catalog name (workloads/models/<name>.yaml), YAML path, or Hugging Face config.json path."""
+    if name.endswith(".json"):
+        path = Path(name)
+        if not path.is_file():
+            raise NpusimError("no such model config file", file=name)
+        return _load_hf(path, overrides)
+    return MODELS.load(name, overrides)
+
+
+def model_names() -> list[str]:
+    return MODELS.names()
+

@@ -1,0 +1,115 @@
+"""Quantisation presets: the storage format of every weight class, the activations and the caches.
+
+A preset is chosen by name (`--quant w8a8c8`). Weight classes are coarse on purpose: the graph asks for the class of
+a linear (attention, indexer, routed expert, ...), not for a per-tensor table. Norms, the MoE gate, the indexer
+weights_proj and mHC mixing weights stay in BF16 under every preset (all deployments in models.md keep them so).
+Scale layouts follow models.md §1.1, §1.5, §2.1 and §3.2; the ones no source states are marked GUESS.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from npusim.errors import NpusimError, did_you_mean
+from npusim.spec.chip import BYTES_PER_ELEMENT
+
+
+@dataclass(frozen=True, kw_only=True)
+class Storage:
+    """How a tensor is stored: element dtype plus one scale of `scale_bytes` per `block` elements (0: none/negligible)."""
+
+    dtype: str
+    scale_bytes: float = 0.0
+    block: int = 0
+
+    def bytes_for(self, elements: float) -> float:
+        """Bytes of `elements` values including their scales (scales rounded up per whole row of `elements`)."""
+        scales = math.ceil(elements / self.block) * self.scale_bytes if self.block else 0.0
+        return elements * BYTES_PER_ELEMENT[self.dtype] + scales
+
+    def bytes_per_element(self) -> float:
+        """Amortised bytes per element over large tensors (weights)."""
+        return BYTES_PER_ELEMENT[self.dtype] + (self.scale_bytes / self.block if self.block else 0.0)
+
+    @property
+    def quantised(self) -> bool:
+        return self.dtype not in ("bf16", "fp16", "fp32")
+
+
+BF16 = Storage(dtype="bf16")
+INT8_CHANNEL = Storage(dtype="int8")  # per-output-channel scales: one per row of k values, negligible
+INT4_GROUP = Storage(dtype="int4", scale_bytes=2.0, block=256)  # GUESS: W4A8 group 256, fp16 scale
+FP8_BLOCK = Storage(dtype="fp8", scale_bytes=4.0, block=128 * 128)  # DeepSeek checkpoint: e4m3, fp32 per 128x128
+FP8_TOKEN = Storage(dtype="fp8", scale_bytes=4.0, block=128)  # activations and caches: one fp32 scale per 128
+INT8_TOKEN = Storage(dtype="int8", scale_bytes=4.0, block=128)  # Ascend C8 latent cache, GUESS: fp32 per tile 128
+INT8_HEAD = Storage(dtype="int8", scale_bytes=2.0, block=128)  # Ascend C8 indexer cache: fp16 per token-head
+MXFP8 = Storage(dtype="mxfp8", scale_bytes=1.0, block=32)  # OCP MX: e8m0 per 32
+MXFP4 = Storage(dtype="mxfp4", scale_bytes=1.0, block=32)
+FP8_KV_V4 = Storage(dtype="fp8", scale_bytes=1.0, block=64)  # GUESS: V4 QAT simulates fp8 nope, block 64, ue8m0
+WEIGHT_CLASSES = ("attention", "indexer", "routed_experts", "shared_experts", "dense_ffn", "lm_head", "embedding")
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuantScheme:
+    """Storage of each weight class, of activations entering quantised linears, and of the two caches.
+
+    Cache rows keep their RoPE part in BF16 (FlashMLA's 656 B layout, Ascend's split key_rope): the graph applies
+    `kv_cache` to the latent/nope elements only, `indexer_cache` to the whole indexer key.
+    """
+
+    name: str
+    description: str
+    attention: Storage
+    indexer: Storage
+    routed_experts: Storage
+    shared_experts: Storage
+    dense_ffn: Storage
+    lm_head: Storage = BF16
+    embedding: Storage = BF16
+    activation: Storage
+    kv_cache: Storage
+    indexer_cache: Storage
+
+    def weights(self, weight_class: str) -> Storage:
+        return getattr(self, weight_class)
+
+    def activation_for(self, weight: Storage) -> Storage:
+        """Activation format feeding a linear: quantised only when its weights are (W8A8, FP8), else BF16."""
+        return self.activation if weight.quantised else BF16
+
+
+def _scheme(name: str, description: str, *, linear: Storage, activation: Storage, kv: Storage, index: Storage,
+            experts: Storage | None = None) -> QuantScheme:
+    return QuantScheme(name=name, description=description, attention=linear, indexer=linear,
+                       routed_experts=experts or linear, shared_experts=linear, dense_ffn=linear,
+                       activation=activation, kv_cache=kv, indexer_cache=index)
+
+
+PRESETS: dict[str, QuantScheme] = {
+    q.name: q
+    for q in (
+        _scheme("bf16", "all BF16; caches BF16 (C16)", linear=BF16, activation=BF16, kv=BF16, index=BF16),
+        _scheme("w8a8", "INT8 linears (per-channel), INT8 per-token activations; caches BF16",
+                linear=INT8_CHANNEL, activation=INT8_TOKEN, kv=BF16, index=BF16),
+        _scheme("w8a8c8", "W8A8 plus INT8 latent KV cache and INT8 indexer cache (Ascend C8)",
+                linear=INT8_CHANNEL, activation=INT8_TOKEN, kv=INT8_TOKEN, index=INT8_HEAD),
+        _scheme("w4a8", "W8A8 with INT4 routed experts; caches BF16",
+                linear=INT8_CHANNEL, activation=INT8_TOKEN, kv=BF16, index=BF16, experts=INT4_GROUP),
+        _scheme("w4a8c8", "W4A8 plus INT8 latent KV and indexer caches (Ascend PD sample)",
+                linear=INT8_CHANNEL, activation=INT8_TOKEN, kv=INT8_TOKEN, index=INT8_HEAD, experts=INT4_GROUP),
+        _scheme("fp8", "DeepSeek checkpoint format: FP8 e4m3 128x128-block weights, 1x128 activations, "
+                       "FlashMLA FP8 cache (656 B) and FP8 indexer cache (132 B)",
+                linear=FP8_BLOCK, activation=FP8_TOKEN, kv=FP8_TOKEN, index=FP8_TOKEN),
+        _scheme("mxfp8-mxfp4", "V4 hybrid: MXFP8 linears and activations, MXFP4 routed experts, FP8 KV, MXFP4 "
+                               "indexer cache",
+                linear=MXFP8, activation=MXFP8, kv=FP8_KV_V4, index=MXFP4, experts=MXFP4),
+    )
+}
+
+
+def get_quant(name: str) -> QuantScheme:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise NpusimError(f"unknown quantisation '{name}'" + did_you_mean(name, PRESETS), field="--quant") from None
