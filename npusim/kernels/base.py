@@ -1,0 +1,199 @@
+"""What every kernel shares: the registry, shape handling, the roofline, and spreading blocks over AI cores.
+
+A kernel is a small dataclass built from plain shape integers (so an op graph's `{kernel, shape}` maps onto it)
+plus options (dtype scheme, tile overrides). `trace(chip)` returns its tile trace, refused if it does not fit the
+chip's buffers; `roofline(chip)` its analytic lower bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
+
+from npusim.errors import NpusimError, did_you_mean
+from npusim.kernels.tile import Act, Lin, lin, let
+from npusim.kernels.trace import Group, Instr, Loop, Node, Program, Trace, check_fits
+from npusim.spec.chip import BYTES_PER_ELEMENT, Chip
+
+KERNELS: dict[str, type["Kernel"]] = {}
+
+
+def register(cls):
+    KERNELS[cls.name] = cls
+    return cls
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def nbytes(dtype: str, *dims: float) -> float:
+    return BYTES_PER_ELEMENT[dtype] * math.prod(dims)
+
+
+@dataclass(frozen=True)
+class Work:
+    """The op's compulsory work: the roofline's numerators."""
+
+    cube_flops: float
+    hbm_bytes: float
+    vector_flops: float = 0.0
+    cube_dtype: str = "bf16"
+    vector_dtype: str = "fp32"
+
+
+@dataclass(frozen=True)
+class Roofline:
+    time: float
+    bound: str  # "cube" | "vector" | "hbm"
+    cube_time: float
+    vector_time: float
+    hbm_time: float
+
+
+def roofline(chip: Chip, work: Work) -> Roofline:
+    """Lower bound of any kernel: max of cube, vector and HBM time at the chip's peaks."""
+    times = {
+        "cube": work.cube_flops / chip.peak_cube_flops(work.cube_dtype) if work.cube_flops else 0.0,
+        "vector": work.vector_flops / chip.peak_vector_flops(work.vector_dtype) if work.vector_flops else 0.0,
+        "hbm": work.hbm_bytes / chip.hbm.bandwidth,
+    }
+    bound = max(times, key=times.get)
+    return Roofline(times[bound], bound, times["cube"], times["vector"], times["hbm"])
+
+
+def capacity(chip: Chip) -> dict[str, float]:
+    b = chip.aic.buffers
+    return {"l1": b.l1, "l0a": b.l0a, "l0b": b.l0b, "l0c": b.l0c, "ub": chip.aiv.buffers.ub}
+
+
+def need_cube(chip: Chip, dtype: str) -> None:
+    if dtype not in chip.aic.cube.flop_per_cycle:
+        raise NpusimError(f"{chip.name} has no {dtype} cube mode{did_you_mean(dtype, chip.aic.cube.flop_per_cycle)}",
+                          field="dtype")
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """Base of the tilings. Subclasses: `name`, int shape fields, `work()`, `build(chip)`."""
+
+    name: ClassVar[str] = ""
+    options: ClassVar[tuple[str, ...]] = ()  # fields that are not shape dims (dtype scheme, tile sizes)
+
+    @classmethod
+    def from_shape(cls, shape: dict[str, Any], **options: Any) -> "Kernel":
+        """Build from an op's shape dict (unknown keys are an error naming the allowed ones)."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        args = {}
+        for key, val in {**shape, **options}.items():
+            if key not in fields:
+                raise NpusimError(f"kernel {cls.name} has no shape key '{key}'{did_you_mean(key, fields)}",
+                                  field="shape")
+            f = fields[key]
+            try:
+                args[key] = str(val) if f.type == "str" else int(val)
+            except (TypeError, ValueError):
+                raise NpusimError(f"kernel {cls.name} shape '{key}={val}' is not an integer", field="shape") from None
+        missing = [n for n, f in fields.items() if f.default is dataclasses.MISSING and n not in args]
+        if missing:
+            raise NpusimError(f"kernel {cls.name} needs shape keys {', '.join(missing)}", field="shape")
+        return cls(**args)
+
+    @property
+    def shape(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in self.options and isinstance(getattr(self, f.name), int)}
+
+    def work(self) -> Work:
+        raise NotImplementedError
+
+    def build(self, chip: Chip) -> Trace:
+        raise NotImplementedError
+
+    def trace(self, chip: Chip) -> Trace:
+        t = self.build(chip)
+        check_fits(t, capacity(chip))
+        return t
+
+    def roofline(self, chip: Chip) -> Roofline:
+        return roofline(chip, self.work())
+
+
+# ------------------------------------------------------------------------------------------------ building blocks
+def ins(pipe: str, op: str, action: Act | None = None, **kw) -> Instr:
+    return Instr(pipe, op, action=action, **kw)
+
+
+def addr(**bindings) -> Instr:
+    """Scalar address arithmetic at the top of a block (binds the block's coordinates for the functional path)."""
+    return Instr("scalar", "addr", action=let(**bindings))
+
+
+def pingpong(count: int, make: Callable[[int, Lin], tuple[Node, ...]], var: str) -> tuple[Node, ...]:
+    """`count` iterations of a double-buffered body, unrolled by two so each copy names its static buffer slot.
+
+    make(slot, i) builds one iteration; i is the iteration index as an expression of `var`.
+    """
+    pairs, odd = divmod(count, 2)
+    out: tuple[Node, ...] = ()
+    if pairs:
+        out += (Loop(pairs, make(0, lin((var, 2))) + make(1, lin((var, 2), base=1)), var),)
+    if odd:
+        out += make(0, Lin(count - 1))
+    return out
+
+
+def scaled(i: Lin, f: int, base: int = 0) -> Lin:
+    """The element offset f*i + base of tile index i (i affine)."""
+    return Lin(i.base * f + base, tuple((v, c * f) for v, c in i.terms))
+
+
+@dataclass(frozen=True)
+class Band:
+    """`blocks` blocks of identical work; bodies use the env var 'blk' (block index within the band)."""
+
+    blocks: int
+    aic: tuple[Node, ...] | None
+    aiv: tuple[tuple[Node, ...], ...] = ()
+
+
+def distribute(bands: list[Band], cores: int, flags: dict[str, int]) -> tuple[Group, ...]:
+    """Spread each band's blocks over the cores in waves, the remainder rotating so load stays balanced.
+
+    Core c runs, per band, the blocks blk = cores*w + s with s = (c - rot) mod cores. Runs of consecutive cores
+    with the same block counts are folded into one Group (copies), e.g. a GEMM gives a full-wave group and a tail.
+    """
+    counts, rots, rot = [], [], 0
+    for band in bands:
+        q, r = divmod(band.blocks, cores)
+        counts.append([q + ((c - rot) % cores < r) for c in range(cores)])
+        rots.append(rot)
+        rot = (rot + r) % cores
+
+    def program(core_kind: str, which: int, key: tuple[int, ...]) -> Program:
+        body = []
+        for band, n, r in zip(bands, key, rots):
+            inner = band.aic if which < 0 else band.aiv[which]
+            if n and inner:
+                head = addr(s=lin(("core", 1), base=-r, mod=cores), blk=lin(("w", cores), ("s", 1)))
+                body.append(Loop(n, (head,) + inner, "w"))
+        return Program(core_kind, tuple(body))
+
+    groups, c = [], 0
+    while c < cores:
+        key = tuple(cnt[c] for cnt in counts)
+        start = c
+        while c < cores and tuple(cnt[c] for cnt in counts) == key:
+            c += 1
+        if any(key):  # folded copies differ only in the core id the functional path binds
+            groups.append(_group(bands, key, start, c - start, flags, program))
+    return tuple(groups)
+
+
+def _group(bands, key, index, copies, flags, program) -> Group:
+    aic = program("aic", -1, key) if any(b.aic for b in bands) else None
+    naiv = max((len(b.aiv) for b in bands), default=0)
+    aiv = tuple(program("aiv", i, key) for i in range(naiv))
+    return Group(aic, aiv, copies=copies, flags=dict(flags), index=index)
