@@ -41,6 +41,11 @@ def counts(*, default=MISSING, minimum: int = 0, doc: str = ""):
     return field(default=default, metadata={"kind": "counts", "min": minimum, "doc": doc})
 
 
+def flag(*, default=MISSING, doc: str = ""):
+    """An on/off switch (YAML true/false)."""
+    return field(default=default, metadata={"kind": "flag", "doc": doc})
+
+
 def ratio(*, default=MISSING, doc: str = ""):
     """A fraction in (0, 1]: efficiencies and acceptance rates."""
     return field(default=default, metadata={"kind": "ratio", "doc": doc})
@@ -190,7 +195,11 @@ def _unwrap_optional(tp):
 
 
 def _build_value(tp, meta, node, ctx: BuildContext, path: str):
+    optional = _unwrap_optional(tp) is not tp
     tp = _unwrap_optional(tp)
+    if optional and isinstance(node, Leaf) and node.value is None:
+        ctx.files[path] = node.file
+        return None
     if dataclasses.is_dataclass(tp):
         return build(tp, node, ctx, path + ".")
     origin = typing.get_origin(tp)
@@ -218,7 +227,7 @@ def _leaf(meta, node, ctx: BuildContext, path: str):
     ctx.files[path] = node.file
     kind = meta.get("kind", "text")
     value = node.value
-    if kind != "text" and ctx.require_sources:
+    if kind not in ("text", "flag") and ctx.require_sources:
         if not node.source:
             ctx.fail(path, "has no source: give {value: ..., source: \"<document row>\"} or \"estimate: <reason>\"",
                      node.file)
@@ -248,6 +257,10 @@ def _leaf(meta, node, ctx: BuildContext, path: str):
             if not 0.0 < x <= 1.0:
                 raise units.UnitError(f"must be a fraction in (0, 1], got '{value}'")
             return x
+        if kind == "flag":
+            if not isinstance(value, bool):
+                raise units.UnitError(f"must be true or false, got '{value}'")
+            return value
         if kind == "shape":
             dims = [int(v) for v in (value.lower().split("x") if isinstance(value, str) else value)]
             if len(dims) != 3 or min(dims) <= 0:

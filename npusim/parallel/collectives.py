@@ -1,0 +1,137 @@
+"""Cost of one collective on a system's interconnect: latency + bytes / bandwidth, per algorithm and topology.
+
+The group's ranks are `stride` apart, so a group spans `group * stride` consecutive ranks and runs on the innermost
+tier whose domain holds them; when the group does not fit the innermost tier that its members' neighbours share,
+the hierarchical algorithm runs the inner tier and the outer tier in turn. Bandwidth between two ranks of a
+full mesh is one link (tier bandwidth / links per rank); switched tiers (switch, Clos, fat tree) give each rank its
+whole port bandwidth to any peer. All rates are scaled by the chip's calibrated `efficiency.link`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from npusim.errors import NpusimError, did_you_mean
+from npusim.spec.system import System, Tier
+
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p", "broadcast")
+ALGORITHMS = ("auto", "ring", "mesh", "hierarchical")
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective over `group` ranks.
+
+    bytes: all_gather / broadcast: the full output per rank; reduce_scatter / all_reduce: the full input per rank;
+    all_to_all: everything one rank sends (its share to itself included); p2p: the message.
+    """
+
+    kind: str
+    bytes: float
+    group: int
+    stride: int = 1
+    algorithm: str = "auto"
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise NpusimError(f"unknown collective '{self.kind}'" + did_you_mean(self.kind, KINDS))
+        if self.algorithm not in ALGORITHMS:
+            raise NpusimError(f"unknown collective algorithm '{self.algorithm}'" + did_you_mean(self.algorithm, ALGORITHMS),
+                              field="algorithm")
+        if self.group < 1 or self.stride < 1 or self.bytes < 0:
+            raise NpusimError(f"collective {self.kind} needs group >= 1, stride >= 1 and bytes >= 0")
+
+
+@dataclass(frozen=True)
+class CommResult:
+    time: float
+    algorithm: str
+    tier: str
+    alg_bandwidth: float  # bytes / time, the convention of nccl-tests "algbw"
+
+    @property
+    def bus_bandwidth(self) -> float:
+        return self.alg_bandwidth
+
+
+def _peer_bw(tier: Tier, eff: float) -> float:
+    per_link = tier.bandwidth / tier.links_per_rank if tier.topology == "full-mesh" else tier.bandwidth
+    return per_link * eff
+
+
+def _fan_bw(tier: Tier, peers: int, eff: float) -> float:
+    """Bandwidth of one rank sending to `peers` others at once."""
+    return min(tier.bandwidth * eff, peers * _peer_bw(tier, eff))
+
+
+def _flat(kind: str, size: float, g: int, tier: Tier, eff: float, algorithm: str) -> float:
+    """A collective of g ranks entirely on one tier."""
+    if g == 1 or size == 0:
+        return 0.0
+    a = tier.latency
+    if kind == "p2p":
+        return a + size / _peer_bw(tier, eff)
+    if kind == "all_reduce":
+        return 2 * _flat("all_gather", size, g, tier, eff, algorithm)
+    chunk = size / g
+    if kind == "broadcast":
+        kind, chunk = "all_gather", size / g  # pipelined broadcast moves the same volume as an all-gather
+    if algorithm == "ring":
+        return (g - 1) * (a + chunk / _peer_bw(tier, eff))
+    # mesh: every rank exchanges with all g-1 peers at once
+    return a * math.ceil(math.log2(g)) + chunk * (g - 1) / _fan_bw(tier, g - 1, eff)
+
+
+def collective_time(c: Collective, system: System) -> CommResult:
+    eff = system.chip_spec.efficiency.link
+    span = c.group * c.stride
+    tier_name, tier = system.tier_for(span)
+    options: dict[str, float] = {}
+    if c.algorithm in ("auto", "ring", "mesh"):
+        for alg in (("ring", "mesh") if c.algorithm == "auto" else (c.algorithm,)):
+            options[alg] = _flat(c.kind, c.bytes, c.group, tier, eff, alg)
+    inner = _inner_tier(system, c.stride, tier_name)
+    if c.algorithm in ("auto", "hierarchical") and inner is not None:
+        options["hierarchical"] = _hierarchical(c, system, inner, tier, eff)
+    if not options:
+        raise NpusimError(f"the hierarchical algorithm needs a group that spans two tiers; {c.group} ranks at stride "
+                          f"{c.stride} fit one {tier_name} domain of {system.name}", field="algorithm")
+    alg = min(options, key=lambda k: (options[k], k))
+    t = options[alg]
+    return CommResult(t, alg, tier_name, c.bytes / t if t > 0 else math.inf)
+
+
+def _inner_tier(system: System, stride: int, outer: str) -> tuple[str, Tier, int] | None:
+    """The tier inside `outer` where several group members share a domain: (name, tier, members per domain)."""
+    best = None
+    for name, tier in system.tiers.items():
+        if name == outer:
+            break
+        members = tier.size // stride
+        if members >= 2:
+            best = (name, tier, members)
+    return best
+
+
+def _hierarchical(c: Collective, system: System, inner: tuple[str, Tier, int], outer: Tier, eff: float) -> float:
+    _, itier, g_in = inner
+    g_in = math.gcd(g_in, c.group)
+    d = c.group // g_in
+    if c.kind == "all_to_all":
+        local = c.bytes * (g_in - 1) / c.group
+        remote = c.bytes * (c.group - g_in) / c.group
+        return max(_flat("all_to_all", local * g_in / max(g_in - 1, 1), g_in, itier, eff, "mesh"),
+                   outer.latency + remote / _fan_bw(outer, c.group - g_in, eff))
+    if c.kind == "p2p":
+        return _flat("p2p", c.bytes, 2, outer, eff, "mesh")
+    if c.kind == "all_reduce":
+        return 2 * _hier_gather(c.bytes, g_in, d, itier, outer, eff)
+    return _hier_gather(c.bytes, g_in, d, itier, outer, eff)
+
+
+def _hier_gather(size: float, g_in: int, d: int, itier: Tier, outer: Tier, eff: float) -> float:
+    """All-gather (or reduce-scatter) of `size` output bytes: across domains on the outer tier, then inside."""
+    outer_part = min(_flat("all_gather", size / g_in, d, outer, eff, alg) for alg in ("ring", "mesh"))
+    inner_part = min(_flat("all_gather", size, g_in, itier, eff, alg) for alg in ("ring", "mesh"))
+    return outer_part + inner_part
