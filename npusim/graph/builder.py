@@ -1,0 +1,306 @@
+"""(model, phase, batch, lengths, MTP, quantisation) -> ModelGraph: the ops of every layer type, in order.
+
+V3 / V3.2 (models.md §1): MLA prolog, DSA indexer (V3.2), attention in absorbed (MQA) form — sparse over the top-k
+for V3.2, dense for V3.1 decode, naive MHA for V3.1 prefill as production serves it — then dense FFN or MoE.
+V4 (§2): mHC pre/post around each sublayer, shared-KV MQA with the sink and grouped low-rank output, Compressor and
+indexer per compress ratio, MoE with sqrt-softplus gate (hash-routed first layers) and clamped SwiGLU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from npusim.errors import NpusimError
+from npusim.graph import accounting
+from npusim.graph.ops import LayerGraph, ModelGraph, Op, cache_store, gemm, grouped_gemm, norm, rope, swiglu, vector
+from npusim.graph.positions import Queries
+from npusim.spec.model import OVERLAP_RATIO, ModelConfig
+from npusim.spec.quant import BF16, QuantScheme, get_quant
+
+PHASES = ("prefill", "decode")
+INDEX_BYTES = 4  # int32 top-k indices
+
+
+class _Layers:
+    """Op factory bound to one model, quantisation and step; one method per sublayer."""
+
+    def __init__(self, model: ModelConfig, quant: QuantScheme, q: Queries):
+        self.m, self.quant, self.q = model, quant, q
+        self.t = q.tokens
+        self.kv_row = accounting.kv_row_bytes(model, quant)
+        self.idx_row = accounting.indexer_row_bytes(model, quant) if model.has_indexer else 0.0
+
+    def linear(self, name: str, k: int, n: int, weight_class: str | None, *, batch: int = 1, m: int | None = None,
+               kind: str = "gemm") -> Op:
+        """A linear of a weight class (None: kept in BF16 under every preset)."""
+        w = self.quant.weights(weight_class) if weight_class else BF16
+        return gemm(name, self.t if m is None else m, k, n, w, self.quant.activation_for(w), batch=batch, kind=kind)
+
+    # ------------------------------------------------------------------ DeepSeek-V3 / V3.2
+    def mla(self, prefill: bool) -> list[Op]:
+        m, t, q = self.m, self.t, self.q
+        h, nh, ql, rope_d = m.hidden_size, m.num_attention_heads, m.q_lora_rank, m.qk_rope_head_dim
+        nope, v, kvl = m.qk_nope_head_dim, m.v_head_dim, m.kv_lora_rank
+        ops = [norm("attn_norm", t, h), self.linear("q_a_proj", h, ql, "attention"), norm("q_norm", t, ql),
+               self.linear("q_b_proj", ql, nh * (nope + rope_d), "attention"),
+               self.linear("kv_a_proj", h, kvl + rope_d, "attention"), norm("kv_norm", t, kvl),
+               rope("rope", t, nh + 1, rope_d),
+               cache_store("kv_cache_update", t, kvl + rope_d, self.kv_row, self.quant.kv_cache)]
+        if m.has_indexer:
+            ops += self.dsa_indexer()
+        if prefill and not m.has_indexer:
+            ops += self.mha_prefill()
+        else:
+            ops += [self.linear("q_absorb", nope, kvl, "attention", batch=nh), self.mla_attention(),
+                    self.linear("o_absorb", kvl, v, "attention", batch=nh)]
+        return ops + [self.linear("o_proj", nh * v, h, "attention")]
+
+    def dsa_indexer(self) -> list[Op]:
+        """Indexer prolog (wq_b, wk, LayerNorm, RoPE, Hadamard, quantisation, weights_proj) and the Lightning Indexer."""
+        m, t = self.m, self.t
+        ih, idim = m.index_n_heads, m.index_head_dim
+        return [self.linear("idx_q_b_proj", m.q_lora_rank, ih * idim, "indexer"),
+                self.linear("idx_k_proj", m.hidden_size, idim, "indexer"),
+                norm("idx_k_norm", t, idim, kind="layernorm"), rope("idx_rope", t, ih + 1, m.qk_rope_head_dim),
+                self.hadamard(ih + 1), *self.index_quant(ih),
+                self.linear("idx_weights_proj", m.hidden_size, ih, None),
+                cache_store("indexer_cache_update", t, idim, self.idx_row, self.quant.indexer_cache),
+                self.lightning_indexer(self.q.pairs(), self.q.last, ratio=1)]
+
+    def hadamard(self, vectors: int) -> Op:
+        """Hadamard_128 rotation of q (and k) before quantisation, as a matmul with the constant matrix."""
+        d = self.m.index_head_dim
+        return gemm("idx_hadamard", self.t * vectors, d, d, BF16, BF16, kind="hadamard")
+
+    def index_quant(self, vectors: int) -> list[Op]:
+        """Per-(token, head) quantisation of the indexer query to the indexer cache format (none when BF16)."""
+        store = self.quant.indexer_cache
+        if not store.quantised:
+            return []
+        d = self.m.index_head_dim
+        return [cache_store("idx_q_quant", self.t * vectors, d, store.bytes_for(d), store)]
+
+    def lightning_indexer(self, pairs: int, keys: int, ratio: int) -> Op:
+        """Scores ReLU(q.k) weighted over heads for every visible (compressed) key, then the exact top-k."""
+        m, q, store = self.m, self.q, self.quant.indexer_cache
+        ih, idim = m.index_n_heads, m.index_head_dim
+        topk = min(m.index_topk, keys)
+        return Op(name="lightning_indexer", kind="lightning_indexer", unit="cube",
+                  shape={"tokens": self.t, "heads": ih, "dim": idim, "keys": keys, "topk": topk, "ratio": ratio,
+                         "pairs": pairs},
+                  dtypes={"q": store.dtype, "k": store.dtype, "out": "int32"}, flops=2.0 * pairs * ih * idim,
+                  bytes_read=self.t * (ih * store.bytes_for(idim) + ih * 4) + q.batch * keys * self.idx_row,
+                  bytes_written=self.t * topk * INDEX_BYTES)
+
+    def mla_attention(self) -> Op:
+        """Absorbed MLA: 576-dim queries per head over shared latent rows; sparse (gathered top-k) when DSA."""
+        m, q, t = self.m, self.q, self.t
+        nh, kvl, d_qk = m.num_attention_heads, m.kv_lora_rank, m.kv_lora_rank + m.qk_rope_head_dim
+        sparse = m.has_indexer
+        pairs = q.pairs(m.index_topk if sparse else None)
+        rows = pairs if sparse else q.batch * q.last  # gathered per query, or each sequence's cache read once
+        return Op(name="attention", kind="sparse_flash_attention" if sparse else "flash_attention", unit="cube",
+                  shape={"tokens": t, "heads": nh, "d_qk": d_qk, "d_v": kvl, "keys": q.last,
+                         "topk": min(m.index_topk, q.last) if sparse else q.last, "pairs": pairs},
+                  dtypes={"q": BF16.dtype, "kv": self.quant.kv_cache.dtype, "out": BF16.dtype},
+                  flops=2.0 * pairs * nh * (d_qk + kvl),
+                  bytes_read=BF16.bytes_for(t * nh * d_qk) + rows * self.kv_row
+                  + (t * min(m.index_topk, q.last) * INDEX_BYTES if sparse else 0),
+                  bytes_written=BF16.bytes_for(t * nh * kvl))
+
+    def mha_prefill(self) -> list[Op]:
+        """Dense prefill in MHA mode: up-project the prompt's latents with kv_b, then causal flash attention."""
+        m, q, t = self.m, self.q, self.t
+        nh, nope, v, rope_d = m.num_attention_heads, m.qk_nope_head_dim, m.v_head_dim, m.qk_rope_head_dim
+        d_qk = nope + rope_d
+        pairs = q.pairs()
+        attn = Op(name="attention", kind="flash_attention", unit="cube",
+                  shape={"tokens": t, "heads": nh, "d_qk": d_qk, "d_v": v, "keys": q.last, "pairs": pairs},
+                  dtypes={"q": BF16.dtype, "kv": BF16.dtype, "out": BF16.dtype}, flops=2.0 * pairs * nh * (d_qk + v),
+                  bytes_read=BF16.bytes_for(t * nh * (2 * d_qk + v)), bytes_written=BF16.bytes_for(t * nh * v))
+        return [self.linear("kv_b_proj", m.kv_lora_rank, nh * (nope + v), "attention"), attn]
+
+    # ------------------------------------------------------------------ FFN (both families)
+    def ffn(self, layer: int) -> list[Op]:
+        m, t, h = self.m, self.t, self.m.hidden_size
+        if m.is_dense_ffn(layer):
+            inter = m.intermediate_size
+            return [norm("ffn_norm", t, h), self.linear("gate_up_proj", h, 2 * inter, "dense_ffn"),
+                    swiglu("swiglu", t, inter, 0.0), self.linear("down_proj", inter, h, "dense_ffn")]
+        e, k, inter = m.n_routed_experts, m.num_experts_per_tok, m.moe_intermediate_size
+        rows = t * k
+        touched = e * (1.0 - (1.0 - k / e) ** t)  # expected distinct experts under uniform routing
+        w, shared = self.quant.routed_experts, self.quant.shared_experts
+        hashed = layer < m.num_hash_layers
+        gate = self.linear("moe_gate", h, e, None, kind="moe_gate")
+        gate = replace(gate, shape=gate.shape | {"topk": k, "hash": int(hashed), "groups": m.n_group})
+        ops = [norm("ffn_norm", t, h), gate,
+               grouped_gemm("experts_gate_up", rows, h, 2 * inter, touched, w, self.quant.activation_for(w)),
+               swiglu("experts_swiglu", rows, inter, m.swiglu_limit),
+               grouped_gemm("experts_down", rows, inter, h, touched, w, self.quant.activation_for(w))]
+        if m.n_shared_experts:
+            width = m.n_shared_experts * inter
+            ops += [self.linear("shared_gate_up", h, 2 * width, "shared_experts"),
+                    swiglu("shared_swiglu", t, width, 0.0), self.linear("shared_down", width, h, "shared_experts")]
+        combine = vector("moe_combine", "moe_combine", {"tokens": t, "topk": k, "hidden": h},
+                         read=BF16.bytes_for(rows * h + t * h), written=BF16.bytes_for(t * h), flops=2.0 * rows * h)
+        return ops + [combine]
+
+    # ------------------------------------------------------------------ DeepSeek-V4
+    def mhc_pre(self, name: str, sinkhorn: bool = True) -> Op:
+        """H_pre / H_post / H_res from a (2+n)n-wide GEMV of the n-stream residual, Sinkhorn, then the pre-sum."""
+        m, t, h, n = self.m, self.t, self.m.hidden_size, self.m.hc_mult
+        mix = (2 + n) * n if sinkhorn else n
+        iters = m.hc_sinkhorn_iters if sinkhorn else 0
+        return Op(name=name, kind="mhc_pre", unit="cube",
+                  shape={"tokens": t, "streams": n, "hidden": h, "mix": mix, "sinkhorn_iters": iters},
+                  dtypes={"x": BF16.dtype, "fn": "fp32"},
+                  flops=2.0 * t * n * h * mix + 2.0 * t * n * h + 4.0 * t * iters * n * n,
+                  bytes_read=BF16.bytes_for(t * n * h) + 4.0 * mix * n * h,
+                  bytes_written=BF16.bytes_for(t * h) + 4.0 * t * mix, weight_bytes=4.0 * mix * n * h)
+
+    def mhc_post(self, name: str) -> Op:
+        """X' = H_post^T F(y) + H_res^T X over the n streams."""
+        t, h, n = self.t, self.m.hidden_size, self.m.hc_mult
+        return vector(name, "mhc_post", {"tokens": t, "streams": n, "hidden": h},
+                      read=BF16.bytes_for(t * n * h + t * h), written=BF16.bytes_for(t * n * h),
+                      flops=2.0 * t * (n * n * h + n * h))
+
+    def compressor(self, name: str, ratio: int, dim: int, weight_class: str, row_bytes: float) -> Op:
+        """Gated pooling of `ratio` tokens (2x overlapping for ratio 4) into one cache entry, with its epilog."""
+        coff = 2 if ratio == OVERLAP_RATIO else 1
+        proj = self.linear(name, self.m.hidden_size, 2 * coff * dim, weight_class, kind="compressor")
+        entries = self.q.new_entries(ratio)
+        pool = 4.0 * self.t * coff * dim  # softmax(Z + ape) * C accumulated per channel
+        return replace(proj, shape=proj.shape | {"ratio": ratio, "overlap": coff, "entries": entries},
+                       flops=proj.flops + pool, bytes_written=proj.bytes_written + entries * row_bytes)
+
+    def v4_attention(self, layer: int) -> list[Op]:
+        m, q, t = self.m, self.q, self.t
+        h, nh, hd, ql, rope_d = m.hidden_size, m.num_attention_heads, m.head_dim, m.q_lora_rank, m.qk_rope_head_dim
+        r, w = m.compress_ratio(layer), m.sliding_window
+        ops = [self.mhc_pre("mhc_pre_attn"), norm("attn_norm", t, h), self.linear("q_a_proj", h, ql, "attention"),
+               norm("q_norm", t, ql), self.linear("q_b_proj", ql, nh * hd, "attention"),
+               vector("q_head_norm", "rmsnorm", {"tokens": t, "heads": nh, "width": hd},
+                      read=BF16.bytes_for(t * nh * hd), written=BF16.bytes_for(t * nh * hd), flops=3.0 * t * nh * hd),
+               self.linear("kv_proj", h, hd, "attention"), norm("kv_norm", t, hd), rope("rope", t, nh + 1, rope_d),
+               cache_store("kv_cache_update", t, hd, self.kv_row, self.quant.kv_cache)]
+        window_pairs = q.pairs(w)
+        rows = q.batch * min(q.last, w)  # the window ring is read once per sequence
+        selected = 0
+        if r:
+            ops.append(self.compressor("kv_compressor", r, hd, "attention", self.kv_row))
+        if r == OVERLAP_RATIO:
+            ih, idim = m.index_n_heads, m.index_head_dim
+            keys = q.last // r
+            ops += [self.linear("idx_q_b_proj", ql, ih * idim, "indexer"),
+                    self.linear("idx_weights_proj", h, ih, None),
+                    self.compressor("idx_compressor", r, idim, "indexer", self.idx_row),
+                    rope("idx_rope", t, ih, rope_d), self.hadamard(ih), *self.index_quant(ih),
+                    self.lightning_indexer(q.compressed_pairs(r), keys, ratio=r)]
+            selected = q.compressed_pairs(r, m.index_topk)
+            rows += selected  # gathered per query
+        elif r:
+            selected = q.compressed_pairs(r)
+            rows += q.batch * (q.last // r)  # HCA: every compressed entry, read once per sequence
+        pairs = window_pairs + selected
+        attn = Op(name="attention", kind="v4_attention", unit="cube",
+                  shape={"tokens": t, "heads": nh, "head_dim": hd, "window": w, "ratio": r,
+                         "topk": m.index_topk if r == OVERLAP_RATIO else 0, "pairs": pairs, "sink": 1},
+                  dtypes={"q": BF16.dtype, "kv": self.quant.kv_cache.dtype, "out": BF16.dtype},
+                  flops=2.0 * pairs * nh * 2 * hd,
+                  bytes_read=BF16.bytes_for(t * nh * hd) + rows * self.kv_row + 4.0 * nh,
+                  bytes_written=BF16.bytes_for(t * nh * hd))
+        group = nh // m.o_groups * hd
+        return ops + [attn, self.linear("o_a_proj", group, m.o_lora_rank, "attention", batch=m.o_groups),
+                      self.linear("o_b_proj", m.o_groups * m.o_lora_rank, h, "attention"),
+                      self.mhc_post("mhc_post_attn")]
+
+    def decoder(self, layer: int, prefill: bool) -> list[Op]:
+        if self.m.is_v4:
+            return (self.v4_attention(layer) + [self.mhc_pre("mhc_pre_ffn")] + self.ffn(layer)
+                    + [self.mhc_post("mhc_post_ffn")])
+        return self.mla(prefill) + self.ffn(layer)
+
+    # ------------------------------------------------------------------ ends of the model
+    def embedding(self) -> Op:
+        h, n, store = self.m.hidden_size, self.m.hc_mult, self.quant.embedding
+        rows = store.bytes_for(self.t * h)
+        return Op(name="embedding", kind="embedding", unit="memory", shape={"tokens": self.t, "hidden": h,
+                                                                             "streams": n},
+                  dtypes={"table": store.dtype}, flops=0.0, bytes_read=rows + 4.0 * self.t,
+                  bytes_written=BF16.bytes_for(self.t * h * n), weight_bytes=rows)
+
+    def head(self, tokens: int) -> list[Op]:
+        """Final (hc_head,) norm and vocabulary projection on the `tokens` positions that need logits."""
+        m = self.m
+        ops = [self.mhc_pre("mhc_head", sinkhorn=False)] if m.hc_mult > 1 else []
+        return ops + [norm("final_norm", tokens, m.hidden_size),
+                      self.linear("lm_head", m.hidden_size, m.vocab_size, "lm_head", m=tokens)]
+
+    def mtp(self, layer: int, prefill: bool, head_tokens: int) -> list[Op]:
+        """MTP block: embed the next token, mix with the hidden state, one decoder layer, shared head."""
+        m, t, h = self.m, self.t, self.m.hidden_size
+        if m.is_v4:
+            mix = [self.linear("e_proj", h, h, "attention"), self.linear("h_proj", h, h, "attention")]
+        else:
+            mix = [self.linear("eh_proj", 2 * h, h, "attention")]
+        return ([self.embedding(), norm("enorm", t, h), norm("hnorm", t, h), *mix]
+                + self.decoder(layer, prefill) + self.head(head_tokens))
+
+
+def _check(model: ModelConfig, phase: str, batch: int, length: int, mtp_tokens: int) -> None:
+    if phase not in PHASES:
+        raise NpusimError(f"unknown phase '{phase}' (allowed: {', '.join(PHASES)})", field="--phase")
+    what = "--seq-len" if phase == "prefill" else "--context"
+    for name, value, low in (("--batch", batch, 1), (what, length, 1), ("--mtp", mtp_tokens, 0)):
+        if value < low:
+            raise NpusimError(f"must be >= {low}, got {value}", field=name)
+    if mtp_tokens and not model.num_nextn_predict_layers:
+        raise NpusimError(f"{model.name} has no MTP layer (num_nextn_predict_layers is 0)", field="--mtp")
+    total = length + (mtp_tokens if phase == "decode" else 0)
+    if total > model.max_position_embeddings:
+        raise NpusimError(f"{total} tokens exceed {model.name}'s max_position_embeddings "
+                          f"({model.max_position_embeddings})", field=what)
+
+
+def build_graph(model: ModelConfig, phase: str, batch: int, length: int, *, mtp_tokens: int = 0,
+                quant: str | QuantScheme | None = None) -> ModelGraph:
+    """The op graph of one prefill (`length` = prompt tokens per sequence) or one decode step (`length` = context:
+    keys the first new token sees, itself included; with MTP, 1 + mtp_tokens queries per sequence)."""
+    _check(model, phase, batch, length, mtp_tokens)
+    scheme = quant if isinstance(quant, QuantScheme) else get_quant(quant or model.default_quant)
+    prefill = phase == "prefill"
+    q = Queries(batch=batch, first=1, per_seq=length) if prefill else \
+        Queries(batch=batch, first=length, per_seq=1 + mtp_tokens)
+    f = _Layers(model, scheme, q)
+    head_tokens = batch if prefill else q.tokens  # prefill needs logits of the last position only
+    groups: dict[str, list[int]] = {}
+    for layer in range(model.num_hidden_layers):
+        groups.setdefault(_layer_key(model, layer), []).append(layer)
+    layers = [LayerGraph(name="embedding", ops=(f.embedding(),))]
+    for key, members in groups.items():
+        layers.append(LayerGraph(name=key, ops=tuple(f.decoder(members[0], prefill)), layers=tuple(members),
+                                 repeat=len(members)))
+    layers.append(LayerGraph(name="lm_head", ops=tuple(f.head(head_tokens))))
+    if mtp_tokens:
+        mtp_layer = model.num_hidden_layers
+        if prefill:
+            ops = f.mtp(mtp_layer, prefill, head_tokens)  # fills the MTP layer's cache over the whole prompt
+            repeat = 1
+        else:
+            ops = _Layers(model, scheme, Queries(batch=batch, first=length, per_seq=1)).mtp(mtp_layer, False, batch)
+            repeat = mtp_tokens  # one draft token per pass
+        layers.append(LayerGraph(name="mtp", ops=tuple(ops), layers=(mtp_layer,), repeat=repeat))
+    scenario = {"batch": batch, ("seq_len" if prefill else "context"): length, "mtp_tokens": mtp_tokens,
+                "tokens": q.tokens}
+    return ModelGraph(model=model.name, phase=phase, quant=scheme.name, scenario=scenario, layers=tuple(layers))
+
+
+def _layer_key(model: ModelConfig, layer: int) -> str:
+    """Name of the layer type; identical names build identical ops."""
+    if model.is_v4:
+        name = {0: "swa", OVERLAP_RATIO: "csa"}.get(model.compress_ratio(layer), "hca")
+        return name + ("-hash" if layer < model.num_hash_layers else "") + "-moe"
+    attn = "dsa" if model.has_indexer else "mla"
+    return f"{attn}-{'dense' if model.is_dense_ffn(layer) else 'moe'}"
