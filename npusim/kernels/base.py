@@ -157,6 +157,7 @@ class Band:
     blocks: int
     aic: tuple[Node, ...] | None
     aiv: tuple[tuple[Node, ...], ...] = ()
+    bind: tuple[tuple[str, int], ...] = ()  # band constants (first block, loop counts) so bodies can be shared
 
 
 def distribute(bands: list[Band], cores: int, flags: dict[str, int]) -> tuple[Group, ...]:
@@ -177,7 +178,8 @@ def distribute(bands: list[Band], cores: int, flags: dict[str, int]) -> tuple[Gr
         for band, n, r in zip(bands, key, rots):
             inner = band.aic if which < 0 else band.aiv[which]
             if n and inner:
-                head = addr(s=lin(("core", 1), base=-r, mod=cores), blk=lin(("w", cores), ("s", 1)))
+                head = addr(**dict(band.bind), s=lin(("core", 1), base=-r, mod=cores),
+                            blk=lin(("w", cores), ("s", 1)))
                 body.append(Loop(n, (head,) + inner, "w"))
         return Program(core_kind, tuple(body))
 

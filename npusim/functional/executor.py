@@ -1,0 +1,112 @@
+"""Runs a tile trace on NumPy arrays: every instruction's action, in an order its set/wait flags allow.
+
+Each AI-core group runs its programs (AIC, AIVs) round-robin, an instruction stalling while a flag it waits on is
+zero, exactly the semaphore semantics the engine times; a trace whose flags deadlock is refused. Copies of a
+folded group run one after another with the env var `core` bound to their core id. Results are rounded to each
+action's dtype. On-chip buffers are private to a program, "ws.*" workspaces to a group, other names are GM.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from npusim.errors import NpusimError
+from npusim.functional.numerics import rnd
+from npusim.functional.ops import OPS
+from npusim.kernels.tile import Act, Ref, value
+from npusim.kernels.trace import Instr, Trace, unroll
+
+
+class _Memory:
+    def __init__(self, gm: dict[str, np.ndarray], ws: dict[str, np.ndarray]):
+        self.gm, self.ws, self.local = gm, ws, {}
+
+    def space(self, name: str) -> dict[str, np.ndarray]:
+        return self.gm if name in self.gm else self.ws if name.startswith("ws.") else self.local
+
+    def window(self, ref: Ref, env: dict[str, int], arr: np.ndarray | None):
+        start = [value(s, env) for s in ref.start]
+        lim = []
+        for d, (s, n) in enumerate(zip(start, ref.size)):
+            stop = value(ref.stop[d], env) if d < len(ref.stop) and ref.stop[d] is not None else None
+            ext = arr.shape[d] if arr is not None else s + n
+            end = ext if n < 0 else min(s + n, ext)
+            lim.append(min(end, stop) if stop is not None else end)
+        return start, lim
+
+    def read(self, ref: Ref, env: dict[str, int], fill: float = 0.0) -> np.ndarray:
+        arr = self.space(ref.name).get(ref.name)
+        if arr is None:
+            raise NpusimError(f"trace reads '{ref.name}' before anything wrote it")
+        start, lim = self.window(ref, env, arr)
+        sl = tuple(slice(s, max(s, e)) for s, e in zip(start, lim))
+        part = arr[sl]
+        size = tuple(p if n < 0 else n for p, n in zip(part.shape, ref.size))
+        if part.shape == size:
+            return part.copy()
+        out = np.full(size, fill)
+        out[tuple(slice(0, p) for p in part.shape)] = part
+        return out
+
+    def write(self, ref: Ref, env: dict[str, int], val: np.ndarray) -> None:
+        space = self.space(ref.name)
+        arr = space.get(ref.name)
+        start, lim = self.window(ref, env, arr)
+        if arr is None:  # on-chip buffer or workspace: allocated by its first write
+            arr = space[ref.name] = np.zeros([s + max(n, v) for s, n, v in zip(start, ref.size, val.shape)])
+            start, lim = self.window(ref, env, arr)
+        sl = tuple(slice(s, max(s, e)) for s, e in zip(start, lim))
+        val = np.broadcast_to(val, tuple(n if n >= 0 else e - s for n, s, e in zip(ref.size, start, lim)))
+        arr[sl] = val[tuple(slice(0, max(0, e - s)) for s, e in zip(start, lim))]
+
+
+def _run(act: Act, mem: _Memory, env: dict[str, int]) -> None:
+    if act.op == "let":  # bindings in order: later ones may use earlier ones
+        for k, v in act.args:
+            env[k] = value(v, env)
+        return
+    args = {k: value(v, env) for k, v in act.args}
+    ins = [mem.read(r, env, args.get("fill", 0.0) if i == 0 else 0.0) for i, r in enumerate(act.ins)]
+    if act.op not in OPS:
+        raise NpusimError(f"trace action '{act.op}' has no functional meaning; known: {', '.join(sorted(OPS))}")
+    out = OPS[act.op](*ins, shape=act.out.size if act.out else (), **args)
+    if act.out is not None:
+        mem.write(act.out, env, rnd(out, act.dtype))
+
+
+def execute(trace: Trace, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Execute every group of the trace on `tensors` (GM: inputs and preallocated outputs, modified in place)."""
+    gm = {k: np.array(v, dtype=np.float64) for k, v in tensors.items()}
+    for g in trace.groups:
+        for copy in range(g.copies):
+            ws: dict[str, np.ndarray] = {}
+            progs = [(unroll(p.body, {"core": g.index + copy, "aiv": i - (g.aic is not None)}), _Memory(gm, ws))
+                     for i, p in enumerate(g.programs)]
+            _schedule(progs, dict(g.flags))
+    return gm
+
+
+def _schedule(progs: list[tuple[Iterator, _Memory]], flags: dict[str, int]) -> None:
+    pending: list[tuple[Instr, dict] | None] = [next(it, None) for it, _ in progs]
+    live = [p is not None for p in pending]
+    while any(live):
+        progressed = False
+        for i, (it, mem) in enumerate(progs):
+            while live[i]:
+                ins, env = pending[i]
+                if any(flags.get(f, 0) <= 0 for f in ins.wait):
+                    break
+                for f in ins.wait:
+                    flags[f] -= 1
+                if ins.action is not None:
+                    _run(ins.action, mem, env)
+                for f in ins.set:
+                    flags[f] = flags.get(f, 0) + 1
+                progressed = True
+                nxt = next(it, None)
+                pending[i], live[i] = nxt, nxt is not None
+        if not progressed:
+            waits = [f"{p[0].pipe}:{p[0].op} waits {p[0].wait}" for p in pending if p]
+            raise NpusimError(f"trace deadlocks: every program stalls on a flag ({'; '.join(waits)})")
