@@ -1,0 +1,133 @@
+"""Streams: a layer as kernel launches and collectives on streams, with events between them, run on simpy.
+
+Each stream runs its tasks in order (like an NPU stream); a task also waits for the tasks named in `after` (events
+recorded on other streams). A task holds `units` of a resource while it runs: compute tasks hold AI cores (a kernel
+on all cores excludes any other kernel; two kernels on disjoint core partitions run side by side), collectives hold
+a link. Overlap of communication and computation is therefore computed from the schedule, not taken as a max().
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import simpy
+
+from npusim.errors import NpusimError
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    stream: str
+    duration: float
+    after: tuple[str, ...] = ()
+    resource: str = "cores"  # "" for none
+    units: int = 1
+    category: str = "compute"  # compute | comm | launch
+
+
+@dataclass(frozen=True)
+class Span:
+    task: Task
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Timeline:
+    spans: tuple[Span, ...]
+
+    @property
+    def makespan(self) -> float:
+        return max((s.end for s in self.spans), default=0.0)
+
+    def busy(self, category: str) -> float:
+        """Wall time during which at least one task of `category` runs."""
+        return _length(_union((s.start, s.end) for s in self.spans if s.task.category == category))
+
+    def exposed(self, category: str = "comm", behind: str = "compute") -> float:
+        """Wall time of `category` not hidden behind any `behind` task."""
+        own = _union((s.start, s.end) for s in self.spans if s.task.category == category)
+        cover = _union((s.start, s.end) for s in self.spans if s.task.category == behind)
+        return _length(own) - _length(_intersect(own, cover))
+
+    def chrome_events(self, pid: int = 0, process: str = "rank 0", offset: float = 0.0) -> list[dict]:
+        """Trace Event Format: one thread per stream, times in microseconds."""
+        streams = sorted({s.task.stream for s in self.spans})
+        tid = {name: i for i, name in enumerate(streams)}
+        events = [{"ph": "M", "name": "process_name", "pid": pid, "args": {"name": process}}]
+        events += [{"ph": "M", "name": "thread_name", "pid": pid, "tid": tid[s], "args": {"name": s}} for s in streams]
+        events += [{"ph": "X", "name": s.task.name, "cat": s.task.category, "pid": pid, "tid": tid[s.task.stream],
+                    "ts": (offset + s.start) * 1e6, "dur": (s.end - s.start) * 1e6} for s in self.spans]
+        return events
+
+
+def run_streams(tasks: Iterable[Task], capacity: dict[str, int]) -> Timeline:
+    """Simulate the tasks; `capacity` gives the units of each resource (e.g. {'cores': 24, 'link': 1})."""
+    tasks = list(tasks)
+    names = [t.name for t in tasks]
+    if len(set(names)) != len(names):
+        raise NpusimError("task names on the streams must be unique")
+    known = set(names)
+    for t in tasks:
+        missing = [a for a in t.after if a not in known]
+        if missing:
+            raise NpusimError(f"task '{t.name}' waits for unknown task(s) {missing}")
+        if t.resource and t.units > capacity.get(t.resource, 0):
+            raise NpusimError(f"task '{t.name}' needs {t.units} {t.resource} but only {capacity.get(t.resource, 0)} exist")
+    env = simpy.Environment()
+    pools = {r: simpy.Container(env, capacity=c, init=c) for r, c in capacity.items()}
+    done = {t.name: env.event() for t in tasks}
+    spans: dict[str, Span] = {}
+
+    def stream(queue: list[Task]):
+        for t in queue:
+            if t.after:
+                yield simpy.AllOf(env, [done[a] for a in t.after])
+            if t.resource:
+                yield pools[t.resource].get(t.units)
+            start = env.now
+            yield env.timeout(t.duration)
+            if t.resource:
+                yield pools[t.resource].put(t.units)
+            spans[t.name] = Span(t, start, env.now)
+            done[t.name].succeed()
+
+    by_stream: dict[str, list[Task]] = {}
+    for t in tasks:
+        by_stream.setdefault(t.stream, []).append(t)
+    for queue in by_stream.values():
+        env.process(stream(queue))
+    env.run()
+    if len(spans) != len(tasks):
+        stuck = [t.name for t in tasks if t.name not in spans]
+        raise NpusimError(f"the stream schedule deadlocks: {stuck[:5]} never start (a cycle of waits)")
+    return Timeline(tuple(spans[n] for n in names))
+
+
+def _union(intervals) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _intersect(xs, ys) -> list[tuple[float, float]]:
+    out, i, j = [], 0, 0
+    while i < len(xs) and j < len(ys):
+        a, b = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
+        if a < b:
+            out.append((a, b))
+        if xs[i][1] < ys[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def _length(intervals) -> float:
+    return sum(b - a for a, b in intervals)
