@@ -1,0 +1,167 @@
+"""Simulating a kernel: the result (time, pipe busy fractions, bound, achieved rates, roofline) and its memo.
+
+Results are memoised by content: the trace's structure (kernel, shape, tiling, dtype and every instruction, actions
+excluded) and the chip's field values (its repr, which leaves out provenance). 61 identical MoE layers, or the
+same GEMM at many sweep points, cost one simulation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from npusim.engine.sim import Outcome, Simulation
+from npusim.errors import NpusimError
+from npusim.kernels.trace import Loop, Node, Trace
+from npusim.spec.chip import Chip
+
+LAUNCH_MODES = ("eager", "graph", "none")
+DMA_PIPES = ("mte2", "mte3", "fixpipe")
+MEMO_SIZE = 4096
+
+
+@dataclass(frozen=True)
+class KernelResult:
+    """One kernel launch as simulated. Times in seconds, rates in SI units (FLOP/s, B/s)."""
+
+    kernel: str
+    chip: str
+    shape: dict[str, int]
+    dtype: str
+    time: float  # launch included
+    launch: float
+    busy: dict[str, float]  # "aic.cube" -> busy fraction of the kernel time, mean over the cores of that kind
+    servers: dict[str, float]  # "hbm" / "l2" -> fraction of the (efficiency-scaled) bandwidth used
+    sync: float  # fraction of the time the busiest core spent on AIC<->AIV hand-off latency
+    bound: str  # cube | vector | hbm | l2 | sync | launch | mte2 | mte1 | fixpipe | mte3 | scalar
+    flops: float  # useful FLOPs of the op
+    hbm_bytes: float  # simulated HBM traffic
+    l2_bytes: float  # simulated traffic served by L2
+    roofline: float  # max(compute at peak, compulsory HBM bytes at peak bandwidth), no launch
+    roofline_bound: str
+    events: int  # simpy events processed
+    extrapolated: float  # fraction of the kernel time covered by steady-state jumps
+
+    @property
+    def flops_per_s(self) -> float:
+        return self.flops / self.time
+
+    @property
+    def hbm_bytes_per_s(self) -> float:
+        return self.hbm_bytes / self.time
+
+    @property
+    def roofline_fraction(self) -> float:
+        return self.roofline / self.time
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Per-instruction spans of one simulation (folded groups: the representative copy)."""
+
+    kernel: str
+    launch: float
+    tracks: tuple[tuple[str, str], ...]  # per runner: (core label, pipe)
+    spans: tuple[tuple[int, str, float, float], ...]  # (track, op, start, end), start after the launch
+
+
+def roofline(trace: Trace, chip: Chip) -> tuple[float, str]:
+    """The analytic lower bound: every unit at peak, HBM moving only the compulsory bytes."""
+    cube_flops = vector_time = 0.0
+    for prog, ins, mult in trace.instructions():
+        if ins.pipe == "cube":
+            cube_flops += ins.flops * mult
+        elif ins.pipe == "vector" and ins.flops:
+            vector_time += ins.flops * mult / chip.aiv.vector.flop_per_cycle[ins.dtype]
+    terms = {"hbm": trace.hbm_bytes / chip.hbm.bandwidth,
+             "vector": vector_time / (chip.aiv.count * chip.clock)}
+    if cube_flops:
+        terms["cube"] = min(trace.flops, cube_flops) / chip.peak_cube_flops(trace.dtype)
+    bound = max(terms, key=terms.get)
+    return terms[bound], bound
+
+
+def launch_cost(chip: Chip, mode: str) -> float:
+    if mode not in LAUNCH_MODES:
+        raise NpusimError(f"launch mode '{mode}' is not one of {', '.join(LAUNCH_MODES)}")
+    return {"eager": chip.overheads.kernel_launch, "graph": chip.overheads.graph_launch, "none": 0.0}[mode]
+
+
+def summarise(trace: Trace, chip: Chip, outcome: Outcome, launch: float) -> KernelResult:
+    total = outcome.time + launch
+    cores = trace.cores
+    busy: dict[str, float] = {}
+    peak: dict[str, float] = {}
+    sync = 0.0
+    for r in outcome.runners:
+        kind = "aic" if r.core == "aic" else "aiv"
+        name = f"{kind}.{r.pipe}"
+        busy[name] = busy.get(name, 0.0) + r.busy * r.weight / (cores[kind] * total)
+        peak[r.pipe] = max(peak.get(r.pipe, 0.0), r.busy / total)
+        sync = max(sync, r.sync / total)
+    eff = chip.efficiency
+    bandwidth = {"hbm": chip.hbm.bandwidth * eff.hbm, "l2": chip.l2.read_bandwidth * eff.l2}
+    servers = {n: s.moved / (bandwidth[n] * total) for n, s in outcome.servers.items()}
+    rl, rl_bound = roofline(trace, chip)
+    return KernelResult(
+        kernel=trace.kernel, chip=chip.name, shape=dict(trace.shape), dtype=trace.dtype, time=total, launch=launch,
+        busy=dict(sorted(busy.items())), servers=servers, sync=sync,
+        bound=_bound(peak, servers, sync, launch / total), flops=trace.flops,
+        hbm_bytes=outcome.servers["hbm"].moved, l2_bytes=outcome.servers["l2"].moved,
+        roofline=rl, roofline_bound=rl_bound, events=outcome.events, extrapolated=outcome.extrapolated / total)
+
+
+def _bound(peak: dict[str, float], servers: dict[str, float], sync: float, launch: float) -> str:
+    """The most used resource; a DMA pipe kept busy by a nearly saturated server is bound by that server."""
+    scores = {**peak, **servers, "sync": sync, "launch": launch}
+    best = max(scores, key=scores.get)
+    if best in DMA_PIPES:
+        server = max(servers, key=servers.get)
+        if servers[server] >= 0.9 * scores[best]:
+            return server
+    return best
+
+
+# ------------------------------------------------------------------------------------------------------ memo
+_memo: OrderedDict[str, KernelResult] = OrderedDict()
+
+
+def content_key(trace: Trace, chip: Chip, launch: str = "eager") -> str:
+    """A digest of everything the simulated time depends on."""
+    groups = tuple((g.copies, tuple(sorted(g.flags.items())),
+                    tuple((p.core, _structure(p.body)) for p in g.programs)) for g in trace.groups)
+    content = (trace.kernel, tuple(sorted(trace.shape.items())), repr(sorted(trace.tiling.items(), key=str)),
+               trace.dtype, trace.flops, trace.hbm_bytes, groups, repr(chip), launch)
+    return hashlib.blake2b(repr(content).encode(), digest_size=20).hexdigest()
+
+
+def _structure(body: tuple[Node, ...]) -> tuple:
+    return tuple((n.count, _structure(n.body)) if isinstance(n, Loop) else
+                 (n.pipe, n.op, n.bytes, n.flops, n.dtype, n.src, n.dst, n.wait, n.set, n.hit) for n in body)
+
+
+def simulate(trace: Trace, chip: Chip, *, launch: str = "eager") -> KernelResult:
+    """Time one kernel launch (memoised by content)."""
+    key = content_key(trace, chip, launch)
+    if key in _memo:
+        _memo.move_to_end(key)
+        return _memo[key]
+    result = summarise(trace, chip, Simulation(trace, chip).run(), launch_cost(chip, launch))
+    _memo[key] = result
+    if len(_memo) > MEMO_SIZE:
+        _memo.popitem(last=False)
+    return result
+
+
+def simulate_timeline(trace: Trace, chip: Chip, *, launch: str = "eager") -> tuple[KernelResult, Timeline]:
+    """Time one kernel launch and keep every instruction's span (not memoised: for traces and debugging)."""
+    outcome = Simulation(trace, chip, record=True).run()
+    cost = launch_cost(chip, launch)
+    tracks = tuple((f"group {r.group} {r.core}" + (f" (x{r.weight})" if r.weight > 1 else ""), r.pipe)
+                   for r in outcome.runners)
+    return summarise(trace, chip, outcome, cost), Timeline(trace.kernel, cost, tracks, tuple(outcome.spans))
+
+
+def clear_memo() -> None:
+    _memo.clear()

@@ -1,0 +1,460 @@
+"""The discrete-event execution of one tile trace on one chip (simpy).
+
+Model
+-----
+* Every (group, core, pipe) that has instructions is a *runner*: a simpy process that walks its pipe's instructions
+  in program order. Runners of one core run concurrently; that is the whole pipe parallelism of a DaVinci core.
+* An instruction first takes its `wait` flags (counting semaphores scoped to the group, initial counts from
+  `Group.flags`), then occupies its pipe for `latency_cycles / clock` plus its work, then raises its `set` flags.
+  A flag raised by one core and awaited by another (AIC <-> AIV hand-off through GM) becomes visible only after
+  `chip.overheads.cross_core_sync`.
+* Work: CUBE takes max(flops / cube rate, operand bytes / cube feed rate); VECTOR likewise with the vector unit;
+  both rates are scaled by `chip.efficiency.cube` / `.vector`. On-core copies (MTE1, FIXPIPE to L1...) move at
+  their pipe's route rate. A GM read becomes two fluid flows, `hit` of its bytes through the L2 server and the
+  rest through the HBM server, a GM write one flow through HBM; each flow is capped at the issuing pipe's per-core
+  rate and the servers' bandwidths are scaled by `chip.efficiency.l2` / `.hbm` (see servers.py).
+* Folded groups (`Group.copies = n`): the n copies run the same program on the same sizes from the same instant,
+  so they stay in lockstep; one representative is simulated and each of its flows weighs n in the shared servers
+  (it gets n shares and the others see n competitors). Statistics are multiplied by n where they are totals.
+
+Loop compression (steady state, then exact extrapolation)
+---------------------------------------------------------
+Instructions carry no iteration-dependent data, so the simulated chip is a deterministic machine whose future
+depends only on its state: each runner's position (loop frames and instruction index), what it is doing (time left
+in its instruction, flag it waits on, its flows), the flag counts and waiter queues, the flows in the servers
+(bytes left) and cross-core flag raises in flight. Loop iteration counters matter only when a loop exits.
+
+Whenever a runner starts a loop iteration, the engine snapshots that state with times taken relative to now
+(cheap: a few tuples per runner). If it equals (within 1e-6 relative) a snapshot taken at an earlier start of the
+same loop by the same runner, the chip is periodic: after one period of dt seconds every loop counter that moved
+moved by the same d >= 0 again, and loops that were re-entered are back at the same place. The engine then jumps
+S whole periods at once: clock, pending events and cross-core raises shift by S*dt, every moved counter advances by
+S*d, and busy times and bytes moved grow by S times their increase over the period. S is the largest
+number of periods after which no moved loop has reached its last iteration, so every loop's exit (the epilogue)
+and the start-up before the pipeline fills (the prologue) are simulated, never extrapolated. Periods of up to
+`HISTORY` iterations (e.g. ping-pong buffers alternating) are found by comparing with the last `HISTORY` snapshots.
+The result differs from a full simulation only by the 1e-6 matching tolerance; tests check it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import simpy
+from simpy.core import EmptySchedule
+
+from npusim.errors import NpusimError
+from npusim.kernels.trace import CORE_PIPES, Instr, Loop, Node, Trace
+from npusim.engine.servers import FluidServer, Flow
+from npusim.spec.chip import Chip
+
+HISTORY = 4  # longest period, in loop iterations, that the steady-state check recognises
+TOLERANCE = 1e-6  # relative difference under which two snapshots are the same state
+
+
+class Flag:
+    """A counting semaphore of one group (set_flag / wait_flag and the AIC<->AIV cross-core flags)."""
+
+    __slots__ = ("name", "uid", "count", "waiters")
+
+    def __init__(self, name: str, uid: int, count: int):
+        self.name = name
+        self.uid = uid
+        self.count = count
+        self.waiters: list[tuple[Runner, simpy.Event]] = []
+
+    def release(self) -> None:
+        if self.waiters:
+            runner, event = self.waiters.pop(0)
+            runner.act = GRANTED
+            event.succeed()
+        else:
+            self.count += 1
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """An instruction compiled against the chip: what it waits for, how long it holds its pipe, what it raises."""
+
+    name: str
+    waits: tuple[Flag, ...]
+    sets: tuple[tuple[Flag, float], ...]  # (flag, visibility delay)
+    fixed: float  # seconds on the pipe besides shared-server transfers
+    hbm: float  # bytes through the HBM server (per copy)
+    l2: float  # bytes through the L2 server (per copy)
+    cap: float  # per-core byte rate of the pipe for GM transfers
+
+
+@dataclass(frozen=True, slots=True)
+class CLoop:
+    count: int
+    body: tuple  # of Op | CLoop
+    uid: int
+
+
+class Frame:
+    __slots__ = ("loop", "pos", "iter", "serial")
+
+    def __init__(self, loop: CLoop, serial: int):
+        self.loop = loop
+        self.pos = 0
+        self.iter = 0
+        self.serial = serial
+
+
+# runner activities
+IDLE, RUNNING, WAITING, TRANSFER, GRANTED, DONE = range(6)
+
+
+class Runner:
+    """One pipe of one core of one group: its in-order instruction stream as a simpy process."""
+
+    __slots__ = ("sim", "index", "group", "core", "pipe", "weight", "stack", "act", "start", "end", "flag",
+                 "busy", "ops", "sync")
+
+    def __init__(self, sim: "Simulation", index: int, group: int, core: str, pipe: str, weight: int, body: CLoop):
+        self.sim = sim
+        self.index = index
+        self.group = group
+        self.core = core  # e.g. "aic" or "aiv1"
+        self.pipe = pipe
+        self.weight = weight
+        self.stack = [Frame(body, sim.next_serial())]
+        self.act = IDLE
+        self.start = self.end = 0.0  # of the instruction in progress
+        self.flag: Flag | None = None
+        self.busy = 0.0  # seconds the pipe was occupied (one copy)
+        self.ops = 0  # instructions executed (one copy)
+        self.sync = 0.0  # cross-core hand-off latency issued (one copy)
+
+    def process(self):
+        sim, env, stack = self.sim, self.sim.env, self.stack
+        while stack:
+            frame = stack[-1]
+            body = frame.loop.body
+            if frame.pos == len(body):
+                frame.iter += 1
+                if frame.iter < frame.loop.count:
+                    frame.pos = 0
+                    sim.on_iteration(self, frame)
+                else:
+                    stack.pop()
+                    if stack:
+                        stack[-1].pos += 1
+                continue
+            node = body[frame.pos]
+            if isinstance(node, CLoop):
+                inner = Frame(node, sim.next_serial())
+                stack.append(inner)
+                sim.on_iteration(self, inner)
+                continue
+            for flag in node.waits:
+                if flag.count:
+                    flag.count -= 1
+                else:
+                    event = env.event()
+                    flag.waiters.append((self, event))
+                    self.act, self.flag = WAITING, flag
+                    yield event
+                    self.flag = None
+            self.start = env.now
+            if node.fixed:
+                self.act, self.end = RUNNING, self.start + node.fixed
+                yield env.timeout(node.fixed)
+            if node.hbm or node.l2:
+                self.act = TRANSFER
+                yield sim.transfer(self, node)
+            self.act = IDLE
+            self.busy += env.now - self.start
+            self.ops += 1
+            if sim.spans is not None:
+                sim.spans.append((self.index, node.name, self.start, env.now))
+            for flag, delay in node.sets:
+                if delay:
+                    self.sync += delay
+                    sim.raise_later(flag, delay)
+                else:
+                    flag.release()
+            frame.pos += 1
+        self.act = DONE
+        if sim.pacer is self:
+            sim.elect_pacer()
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    time: float
+    key: tuple  # exact structure: positions, activities, flag counts, who is transferring
+    numbers: tuple[float, ...]  # relative times and bytes left, compared with TOLERANCE
+    counters: tuple[tuple[int, int], ...]  # (serial, iteration) of every frame, aligned with `frames`
+    frames: tuple[Frame, ...]
+    totals: tuple[float, ...]  # accumulated statistics, extrapolated by the jump
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one simulation measured (per copy where a group is folded)."""
+
+    time: float  # seconds from the first instruction to the last
+    runners: tuple[Runner, ...]
+    servers: dict[str, FluidServer]
+    events: int  # simpy events processed (the jumps skip the events of the periods they cover)
+    extrapolated: float  # seconds of the time covered by steady-state jumps
+    spans: list | None  # (runner index, op, start, end) when recorded
+
+
+class Simulation:
+    def __init__(self, trace: Trace, chip: Chip, record: bool = False, compress: bool = True):
+        self.trace = trace
+        self.compress = compress
+        self.chip = chip
+        self.env = simpy.Environment()
+        self.spans: list | None = [] if record else None
+        self._serial = itertools.count()
+        self._uid = itertools.count()
+        eff = chip.efficiency
+        self.servers = {"hbm": FluidServer(self.env, "hbm", chip.hbm.bandwidth * eff.hbm),
+                        "l2": FluidServer(self.env, "l2", chip.l2.read_bandwidth * eff.l2)}
+        self.flags: list[Flag] = []
+        self.pending: list[tuple[Flag, float]] = []  # cross-core raises in flight: (flag, due time)
+        self.runners: list[Runner] = []
+        self.history: dict[tuple[int, int], list[Snapshot]] = {}
+        self.events = 0
+        self.extrapolated = 0.0
+        for g, group in enumerate(trace.groups):
+            self._build_group(g, group)
+        self.pacer: Runner | None = None
+        if compress:
+            self.elect_pacer()
+
+    def next_serial(self) -> int:
+        return next(self._serial)
+
+    # ------------------------------------------------------------------------------------------------- building
+    def _build_group(self, g: int, group) -> None:
+        programs = group.programs
+        cores = [p.core if p.core == "aic" else f"aiv{i - (1 if group.aic else 0)}" for i, p in enumerate(programs)]
+        names = sorted({f for p in programs for ins in _instrs(p.body) for f in ins.wait + ins.set}
+                       | set(group.flags))
+        flags = {n: Flag(n, len(self.flags) + i, group.flags.get(n, 0)) for i, n in enumerate(names)}
+        self.flags.extend(flags.values())
+        waiters = {n: {c for c, p in zip(cores, programs) for ins in _instrs(p.body) if n in ins.wait}
+                   for n in names}
+        sync = self.chip.overheads.cross_core_sync
+        for core, prog in zip(cores, programs):
+            if prog.core not in CORE_PIPES:
+                raise NpusimError(f"{self.trace.kernel}: program on unknown core kind '{prog.core}' (aic or aiv)")
+            compiled: dict[int, Op] = {}
+
+            def op_of(ins: Instr) -> Op:
+                if id(ins) not in compiled:
+                    sets = tuple((flags[n], sync if waiters[n] - {core} else 0.0) for n in ins.set)
+                    compiled[id(ins)] = self._compile(ins, prog.core, tuple(flags[n] for n in ins.wait), sets)
+                return compiled[id(ins)]
+
+            for pipe in CORE_PIPES[prog.core]:
+                body = self._view(prog.body, pipe, op_of)
+                if body:
+                    runner = Runner(self, len(self.runners), g, core, pipe, group.copies,
+                                    CLoop(1, body, next(self._uid)))
+                    self.runners.append(runner)
+            used = {ins.pipe for ins in _instrs(prog.body)}
+            if used - set(CORE_PIPES[prog.core]):
+                bad = sorted(used - set(CORE_PIPES[prog.core]))[0]
+                raise NpusimError(f"{self.trace.kernel}: an {prog.core.upper()} has no pipe '{bad}' "
+                                  f"(its pipes: {', '.join(CORE_PIPES[prog.core])})")
+
+    def _view(self, nodes: tuple[Node, ...], pipe: str, op_of) -> tuple:
+        """The instructions of one pipe, loops kept (empty loops dropped)."""
+        out = []
+        for node in nodes:
+            if isinstance(node, Loop):
+                body = self._view(node.body, pipe, op_of)
+                if body and node.count > 0:
+                    out.append(CLoop(node.count, body, next(self._uid)))
+            elif node.pipe == pipe:
+                out.append(op_of(node))
+        return tuple(out)
+
+    def _compile(self, ins: Instr, core: str, waits: tuple[Flag, ...], sets) -> Op:
+        chip = self.chip
+        unit = chip.aic if core == "aic" else chip.aiv
+        spec = unit.pipes[ins.pipe]
+        clock = chip.clock
+        fixed = spec.latency_cycles / clock
+        route = spec.routes.get(f"{ins.src}>{ins.dst}", spec.bytes_per_cycle) * clock
+        hbm = l2 = 0.0
+        if ins.pipe in ("cube", "vector"):
+            eff = chip.efficiency.cube if ins.pipe == "cube" else chip.efficiency.vector
+            work = ins.bytes / (spec.bytes_per_cycle * clock)
+            if ins.flops:
+                table = chip.aic.cube.flop_per_cycle if ins.pipe == "cube" else chip.aiv.vector.flop_per_cycle
+                if ins.dtype not in table:
+                    raise NpusimError(f"{self.trace.kernel}: {ins.pipe} instruction '{ins.op}' uses dtype "
+                                      f"'{ins.dtype or '(none)'}' but {chip.name} has {ins.pipe} rates only for "
+                                      f"{', '.join(table)}")
+                work = max(work, ins.flops / (table[ins.dtype] * clock))
+            fixed += work / eff
+        elif ins.src == "gm":
+            l2 = ins.bytes * ins.hit
+            hbm = ins.bytes - l2
+        elif ins.dst == "gm":
+            hbm = ins.bytes
+        else:
+            fixed += ins.bytes / route
+        return Op(ins.op, waits, sets, fixed, hbm, l2, route)
+
+    # ------------------------------------------------------------------------------------------------ execution
+    def transfer(self, runner: Runner, op: Op) -> simpy.Event:
+        """Start the op's flows; the returned event fires when the last one finishes."""
+        event = self.env.event()
+        parts = [(self.servers[name], size) for name, size in (("hbm", op.hbm), ("l2", op.l2)) if size > 0]
+        left = [len(parts)]
+
+        def done():
+            left[0] -= 1
+            if not left[0]:
+                event.succeed()
+
+        total = op.hbm + op.l2
+        for server, size in parts:
+            server.start(Flow(runner.index, size, op.cap * size / total, runner.weight, done))
+        return event
+
+    def raise_later(self, flag: Flag, delay: float) -> None:
+        token = (flag, self.env.now + delay)
+        self.pending.append(token)
+
+        def arrive(_event):
+            self.pending.remove(token)
+            flag.release()
+
+        self.env.timeout(delay).callbacks.append(arrive)
+
+    def run(self) -> Outcome:
+        env = self.env
+        for runner in self.runners:
+            env.process(runner.process())
+        step = env.step
+        try:
+            while True:
+                step()
+                self.events += 1
+        except EmptySchedule:
+            pass
+        stuck = [r for r in self.runners if r.act != DONE]
+        if stuck:
+            r = stuck[0]
+            what = f"waits forever on flag '{r.flag.name}'" if r.flag else "never finishes"
+            raise NpusimError(f"{self.trace.kernel}: the trace deadlocks: group {r.group} {r.core} {r.pipe.upper()} "
+                              f"{what} (a set/wait pair or an initial count in Group.flags is missing)")
+        return Outcome(env.now, tuple(self.runners), self.servers, self.events, self.extrapolated, self.spans)
+
+    # ------------------------------------------------------------------------------------------- steady state
+    def elect_pacer(self) -> None:
+        """The unfinished runner that starts loop iterations most often takes the snapshots (one is enough: the
+        snapshot covers the whole chip, and more takers would only multiply the cost)."""
+        live = [r for r in self.runners if r.act != DONE]
+        self.pacer = max(live, key=lambda r: _iterations(r.stack[0].loop)) if live else None
+
+    def on_iteration(self, runner: Runner, frame: Frame) -> None:
+        if runner is not self.pacer:
+            return
+        snap = self._snapshot()
+        history = self.history.setdefault((runner.index, frame.loop.uid), [])
+        for old in reversed(history):
+            periods, moved = self._periods(old, snap)
+            if periods > 0:
+                self._jump(old, snap, periods, moved)
+                return
+        history.append(snap)
+        if len(history) > HISTORY:
+            history.pop(0)
+
+    def _snapshot(self) -> Snapshot:
+        now = self.env.now
+        key, numbers, counters, frames, totals = [], [], [], [], []
+        for r in self.runners:
+            key.append((tuple((f.loop.uid, f.pos) for f in r.stack), r.act, r.flag.uid if r.flag else -1))
+            if r.act == RUNNING:
+                numbers.append(r.end - now)
+            for f in r.stack:
+                counters.append((f.serial, f.iter))
+                frames.append(f)
+            totals.extend((r.busy, r.ops, r.sync))
+        for flag in self.flags:
+            key.append((flag.count, tuple(w.index for w, _ in flag.waiters)))
+        for server in self.servers.values():
+            structure, left = server.state()
+            key.append(structure)
+            numbers.extend(left)
+            totals.extend((server.moved, server.busy))
+        for flag, due in sorted(self.pending, key=lambda t: t[1]):
+            key.append(flag.uid)
+            numbers.append(due - now)
+        return Snapshot(now, tuple(key), tuple(numbers), tuple(counters), tuple(frames), tuple(totals))
+
+    @staticmethod
+    def _periods(old: Snapshot, new: Snapshot) -> tuple[int, list[tuple[Frame, int]]]:
+        """How many whole periods old -> new can be repeated before any moved loop reaches its last iteration."""
+        if new.time <= old.time or old.key != new.key:
+            return 0, []
+        for a, b in zip(old.numbers, new.numbers):
+            if not math.isclose(a, b, rel_tol=TOLERANCE, abs_tol=1e-15):
+                return 0, []
+        periods, moved = math.inf, []
+        for (s0, i0), (s1, i1), frame in zip(old.counters, new.counters, new.frames):
+            if s0 != s1:
+                if i0 != i1:  # a loop re-entered and now elsewhere: not the same state
+                    return 0, []
+            elif i1 > i0:
+                periods = min(periods, (frame.loop.count - 1 - i1) // (i1 - i0))
+                moved.append((frame, i1 - i0))
+            elif i1 < i0:
+                return 0, []
+        if not moved or periods == math.inf:
+            return 0, []
+        return int(periods), moved
+
+    def _jump(self, old: Snapshot, new: Snapshot, periods: int, moved: list[tuple[Frame, int]]) -> None:
+        """Advance the whole chip by `periods` periods of the steady state, exactly as simulating them would."""
+        shift = periods * (new.time - old.time)
+        env = self.env
+        env._now += shift  # simpy has no public clock jump; a uniform shift keeps its event heap ordered
+        env._queue[:] = [(t + shift, prio, eid, ev) for t, prio, eid, ev in env._queue]
+        for frame, d in moved:
+            frame.iter += periods * d
+        for r in self.runners:
+            r.start += shift
+            r.end += shift
+        self.pending[:] = [(flag, due + shift) for flag, due in self.pending]
+        grown = [b + periods * (b - a) for a, b in zip(old.totals, new.totals)]
+        it = iter(grown)
+        for r in self.runners:
+            r.busy, r.ops, r.sync = next(it), next(it), next(it)
+        for server in self.servers.values():
+            server.moved, server.busy = next(it), next(it)
+            server.shift(shift)
+        if self.spans is not None:
+            for r in self.runners:
+                if r.act != DONE:
+                    self.spans.append((r.index, f"steady state x{periods}", new.time, new.time + shift))
+        self.extrapolated += shift
+        self.history.clear()
+
+
+def _iterations(loop: CLoop) -> int:
+    """How many loop iterations a compiled body starts in all."""
+    inner = sum(_iterations(n) for n in loop.body if isinstance(n, CLoop))
+    return loop.count * (1 + inner)
+
+
+def _instrs(body: tuple[Node, ...]):
+    """Every instruction of a body once (loops not multiplied)."""
+    for node in body:
+        if isinstance(node, Loop):
+            yield from _instrs(node.body)
+        else:
+            yield node
