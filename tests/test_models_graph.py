@@ -1,0 +1,208 @@
+"""Op graphs against the per-token MAC figures of models.md §1.5, §2.6 and the MTP table of §3.3."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from npusim.errors import NpusimError
+from npusim.graph import build_graph
+from npusim.graph.accounting import parameters
+from npusim.graph.positions import Queries, prefix_floor, prefix_min
+from npusim.spec.model import load_model
+from npusim.spec.quant import BF16
+
+K128 = 131072
+
+
+@pytest.fixture(scope="module")
+def m():
+    return {n: load_model(n) for n in ("deepseek-v3.2-exp", "deepseek-v3.1", "deepseek-v4-flash", "deepseek-v4-pro")}
+
+
+def macs(graph, layer: str, op: str) -> float:
+    """MACs per token of one op of one layer type."""
+    return graph.layer(layer).op(op).flops / 2 / graph.scenario["tokens"]
+
+
+# ------------------------------------------------------------------------------------------ closed-form sums
+
+
+@pytest.mark.parametrize("n, cap", [(0, 5), (1, 5), (7, 5), (100, 7), (100, None), (2048, 2048), (5000, 2048)])
+def test_prefix_min_matches_a_loop(n, cap):
+    assert prefix_min(n, cap) == sum(min(x, cap) if cap else x for x in range(1, n + 1))
+
+
+@pytest.mark.parametrize("n, ratio, cap", [(3, 4, None), (4, 4, None), (1001, 4, None), (1001, 128, None),
+                                           (4000, 4, 512), (2047, 4, 512), (2048, 4, 512), (9, 4, 1)])
+def test_prefix_floor_matches_a_loop(n, ratio, cap):
+    assert prefix_floor(n, ratio, cap) == sum(min(x // ratio, cap) if cap else x // ratio for x in range(1, n + 1))
+
+
+def test_queries_cover_prefill_and_decode():
+    pre = Queries(batch=2, first=1, per_seq=3000)
+    x = np.arange(1, 3001)
+    assert pre.pairs(2048) == 2 * int(np.minimum(x, 2048).sum())
+    assert pre.pairs() == 2 * 3000 * 3001 // 2
+    assert pre.new_entries(128) == 2 * 23
+    dec = Queries(batch=4, first=65536, per_seq=2)
+    assert dec.pairs() == 4 * (65536 + 65537) and dec.pairs(2048) == 4 * 2 * 2048
+    assert dec.compressed_pairs(4, 512) == 4 * 2 * 512
+
+
+# ------------------------------------------------------------------------------------------ DeepSeek-V3.2 / V3.1
+
+
+def test_v32_decode_macs_per_token(m):
+    """models.md §1.5 per token per layer MACs at 128K context."""
+    g = build_graph(m["deepseek-v3.2-exp"], "decode", 1, K128, quant="bf16")
+    layer = "dsa-moe"
+    for op, expected in (("q_a_proj", 11.0e6), ("q_b_proj", 37.7e6), ("kv_a_proj", 4.1e6), ("o_proj", 117.4e6),
+                         ("q_absorb", 8.4e6), ("o_absorb", 8.4e6), ("idx_q_b_proj", 12.6e6),
+                         ("idx_k_proj", 0.92e6), ("idx_weights_proj", 0.46e6),  # §1.5 rounds: 0.9M, 0.5M
+                         ("lightning_indexer", 1.07e9), ("attention", 285e6)):
+        assert macs(g, layer, op) == pytest.approx(expected, rel=0.015), op
+    moe = sum(macs(g, layer, op) for op in ("experts_gate_up", "experts_down", "shared_gate_up", "shared_down"))
+    dense = sum(macs(g, "dsa-dense", op) for op in ("gate_up_proj", "down_proj"))
+    assert moe == pytest.approx(396e6, rel=0.002) and dense == pytest.approx(396e6, rel=0.002)
+    assert g.layer(layer).op("lightning_indexer").shape["topk"] == 2048
+    assert g.layer(layer).op("experts_gate_up").shape["experts"] == 8  # one token touches its 8 experts
+    assert [lg.repeat for lg in g.layers if lg.layers] == [3, 58]
+
+
+def test_indexer_grows_with_context_sparse_attention_does_not(m):
+    model = m["deepseek-v3.2-exp"]
+    at = {c: build_graph(model, "decode", 1, c).layer("dsa-moe") for c in (1024, 4096, 65536, K128)}
+    li = {c: lg.op("lightning_indexer").flops for c, lg in at.items()}
+    sfa = {c: lg.op("attention").flops for c, lg in at.items()}
+    assert li[K128] == pytest.approx(2 * li[65536]) and li[K128] == pytest.approx(32 * li[4096])
+    assert sfa[4096] == sfa[K128] == 2 * sfa[1024]  # 1024 keys below top-k, then flat at 2048
+
+
+def test_prefill_is_causal_indexer_quadratic_sparse_linear(m):
+    model = m["deepseek-v3.2-exp"]
+    g1, g2 = (build_graph(model, "prefill", 1, s).layer("dsa-moe") for s in (32768, 65536))
+    s = 65536
+    assert g2.op("lightning_indexer").shape["pairs"] == s * (s + 1) // 2
+    assert g2.op("attention").shape["pairs"] == 2048 * 2049 // 2 + (s - 2048) * 2048
+    li = g2.op("lightning_indexer").flops / g1.op("lightning_indexer").flops
+    sfa = g2.op("attention").flops / g1.op("attention").flops
+    assert li == pytest.approx(4.0, rel=1e-3) and sfa == pytest.approx(2.0, rel=0.04)
+    # the LM head only needs the last position's logits
+    assert build_graph(model, "prefill", 3, 100).layer("lm_head").op("lm_head").shape["m"] == 3
+
+
+def test_mtp_table_of_models_md(m):
+    """§3.3, 4 x 64K decode, C8: Cube QK^T MACs dense MLA 19.33 / 38.65 G, SFA 0.60 / 1.21 G, LI 2.15 / 4.29 G;
+    LI reads the same keys with MTP1 (32 / 32 MB of 128 B keys), SFA gathers twice as many rows (4.5 / 9 MB)."""
+    def attn(name, layer, mtp):
+        return build_graph(m[name], "decode", 4, 65536, mtp_tokens=mtp, quant="w8a8c8").layer(layer)
+
+    for mtp, scale in ((0, 1), (1, 2)):
+        v31, v32 = attn("deepseek-v3.1", "mla-moe", mtp), attn("deepseek-v3.2-exp", "dsa-moe", mtp)
+        qk = 128 * 576  # MACs of Q.K^T per query-key pair
+        assert v31.op("attention").shape["pairs"] * qk == pytest.approx(19.33e9 * scale, rel=0.002)
+        assert v32.op("attention").shape["pairs"] * qk == pytest.approx(0.604e9 * scale, rel=0.002)
+        assert v32.op("lightning_indexer").flops / 2 == pytest.approx(2.147e9 * scale, rel=0.002)
+    li0, li1 = (attn("deepseek-v3.2-exp", "dsa-moe", k).op("lightning_indexer").bytes_read for k in (0, 1))
+    assert li1 == pytest.approx(li0, rel=0.01) and li0 == pytest.approx(4 * 65536 * 130, rel=0.02)
+    sfa0, sfa1 = (attn("deepseek-v3.2-exp", "dsa-moe", k).op("attention").bytes_read for k in (0, 1))
+    assert sfa1 == pytest.approx(2 * sfa0, rel=0.01)
+
+
+def test_v31_has_no_indexer_and_prefills_in_mha_mode(m):
+    v31 = m["deepseek-v3.1"]
+    dec = build_graph(v31, "decode", 1, K128).layer("mla-moe")
+    assert not any(op.name.startswith("idx_") or op.kind == "lightning_indexer" for op in dec.ops)
+    assert dec.op("attention").kind == "flash_attention"
+    assert dec.op("attention").flops / 2 == pytest.approx(128 * K128 * (576 + 512))
+    pre = build_graph(v31, "prefill", 1, 4096)
+    assert macs(pre, "mla-moe", "kv_b_proj") == pytest.approx(16.8e6, rel=0.002)  # naive prefill instead of absorb
+    assert pre.layer("mla-moe").op("attention").shape["d_qk"] == 192
+
+
+def test_weights_in_the_graph_match_the_parameter_count(m):
+    """A prefill big enough to touch every expert reads each weight once: graph weight bytes = 2 x parameters."""
+    for name in ("deepseek-v3.2-exp", "deepseek-v4-flash"):
+        model = m[name]
+        g = build_graph(model, "prefill", 16, 4096, quant="bf16")
+        p = parameters(model)
+        embedding = g.layer("embedding").weight_bytes
+        expected = 2 * (p.total - p.by_class["embedding"])
+        assert g.weight_bytes - embedding == pytest.approx(expected, rel=0.002), name
+
+
+def test_quant_sets_the_op_dtypes_and_bytes(m):
+    model = m["deepseek-v3.2-exp"]
+    bf16, w4 = (build_graph(model, "decode", 1, K128, quant=q).layer("dsa-moe") for q in ("bf16", "w4a8c8"))
+    assert w4.op("experts_down").dtypes == {"a": "int8", "b": "int4", "out": "bf16"}
+    assert w4.op("o_proj").dtypes["b"] == "int8" and w4.op("idx_weights_proj").dtypes["b"] == BF16.dtype
+    assert w4.op("experts_down").weight_bytes == pytest.approx(bf16.op("experts_down").weight_bytes / 4, rel=0.02)
+    assert w4.op("kv_cache_update").kind == "quant" and bf16.op("kv_cache_update").kind == "cache_update"
+
+
+# ------------------------------------------------------------------------------------------ DeepSeek-V4
+
+
+def test_v4_flash_decode_macs_per_token(m):
+    """models.md §2.6 (Flash) at a context where CSA selects its full 128 + 512 keys."""
+    g = build_graph(m["deepseek-v4-flash"], "decode", 1, K128, quant="bf16")
+    for layer, op, expected in (("csa-moe", "q_a_proj", 4.2e6), ("csa-moe", "q_b_proj", 33.6e6),
+                                ("csa-moe", "kv_proj", 2.1e6), ("csa-moe", "o_a_proj", 33.6e6),
+                                ("csa-moe", "o_b_proj", 33.6e6), ("csa-moe", "kv_compressor", 8.4e6),
+                                ("csa-moe", "idx_compressor", 2.1e6), ("csa-moe", "idx_q_b_proj", 8.4e6),
+                                ("hca-moe", "kv_compressor", 4.2e6), ("csa-moe", "attention", 42e6)):
+        assert macs(g, layer, op) == pytest.approx(expected, rel=0.02), (layer, op)
+    csa = g.layer("csa-moe")
+    assert csa.op("attention").shape["pairs"] == 128 + 512
+    assert csa.op("o_a_proj").shape["batch"] == 8
+    moe = sum(macs(g, "csa-moe", op) for op in ("experts_gate_up", "experts_down", "shared_gate_up", "shared_down"))
+    assert moe == pytest.approx(176e6, rel=0.003)
+    mhc = sum(csa.op(op).shape["mix"] * 4 * 4096 for op in ("mhc_pre_attn", "mhc_pre_ffn"))
+    assert mhc == pytest.approx(0.8e6, rel=0.02)  # two 24 x 16384 GEMVs per layer
+    assert csa.op("experts_swiglu").shape["clamp"] == 10
+    assert g.layer("swa-hash-moe").op("moe_gate").shape["hash"] == 1 and csa.op("moe_gate").shape["hash"] == 0
+    assert [lg.repeat for lg in g.layers if lg.layers] == [2, 1, 20, 20]
+
+
+def test_v4_at_one_million_tokens(m):
+    """§2.6: HCA attends 128 + 8,192 entries at 1M (545 M MAC); the indexer scores 262,144 entries (2.1 G MAC)."""
+    g = build_graph(m["deepseek-v4-flash"], "decode", 1, 1048576)
+    assert g.layer("hca-moe").op("attention").shape["pairs"] == 8320
+    assert macs(g, "hca-moe", "attention") == pytest.approx(545e6, rel=0.01)
+    assert macs(g, "csa-moe", "lightning_indexer") == pytest.approx(2.1e9, rel=0.03)
+
+
+def test_v4_pro_decode_macs_per_token(m):
+    g = build_graph(m["deepseek-v4-pro"], "decode", 1, K128)
+    for op, expected in (("q_b_proj", 100.7e6), ("o_a_proj", 67.1e6), ("o_b_proj", 117.4e6), ("attention", 151e6)):
+        assert macs(g, "csa-moe", op) == pytest.approx(expected, rel=0.01), op
+    moe = sum(macs(g, "csa-moe", op) for op in ("experts_gate_up", "experts_down", "shared_gate_up", "shared_down"))
+    assert moe == pytest.approx(462e6, rel=0.003)
+
+
+def test_v4_prefill_emits_compressed_entries(m):
+    g = build_graph(m["deepseek-v4-flash"], "prefill", 2, 1000)
+    assert g.layer("hca-moe").op("kv_compressor").shape["entries"] == 2 * (1000 // 128)
+    assert g.layer("csa-moe").op("idx_compressor").shape["entries"] == 2 * 250
+    assert g.layer("swa-hash-moe").op("attention").shape["pairs"] == 2 * (128 * 129 // 2 + (1000 - 128) * 128)
+
+
+def test_mtp_layer_runs_once_per_draft_token(m):
+    g = build_graph(m["deepseek-v4-flash"], "decode", 8, 8192, mtp_tokens=3)
+    mtp = g.layer("mtp")
+    assert mtp.repeat == 3 and mtp.op("attention").shape["ratio"] == 0  # V4's MTP block is SWA-only
+    assert g.scenario["tokens"] == 32 and g.layer("lm_head").op("lm_head").shape["m"] == 32
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"phase": "decode", "batch": 1, "length": -5}, "--context"),
+    ({"phase": "prefill", "batch": 0, "length": 10}, "--batch"),
+    ({"phase": "decode", "batch": 1, "length": 10, "mtp_tokens": -1}, "--mtp"),
+    ({"phase": "decode", "batch": 1, "length": 200000}, "--context"),
+    ({"phase": "train", "batch": 1, "length": 10}, "--phase"),
+])
+def test_bad_scenarios_name_the_option(m, kwargs, field):
+    with pytest.raises(NpusimError) as err:
+        build_graph(m["deepseek-v3.2-exp"], **kwargs)
+    assert err.value.field == field
