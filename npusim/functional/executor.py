@@ -54,8 +54,13 @@ class _Memory:
         space = self.space(ref.name)
         arr = space.get(ref.name)
         start, lim = self.window(ref, env, arr)
-        if arr is None:  # on-chip buffer or workspace: allocated by its first write
-            arr = space[ref.name] = np.zeros([s + max(n, v) for s, n, v in zip(start, ref.size, val.shape)])
+        if space is not self.gm:  # on-chip buffer or workspace: allocated by its first write, grown by later ones
+            need = [s + (n if n >= 0 else v) for s, n, v in zip(start, ref.size, np.shape(val))]
+            if arr is None or any(a < b for a, b in zip(arr.shape, need)):
+                grown = np.zeros([max(a, b) for a, b in zip(arr.shape if arr is not None else need, need)])
+                if arr is not None:
+                    grown[tuple(slice(0, a) for a in arr.shape)] = arr
+                arr = space[ref.name] = grown
             start, lim = self.window(ref, env, arr)
         sl = tuple(slice(s, max(s, e)) for s, e in zip(start, lim))
         val = np.broadcast_to(val, tuple(n if n >= 0 else e - s for n, s, e in zip(ref.size, start, lim)))

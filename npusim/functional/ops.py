@@ -37,8 +37,10 @@ def fill(shape, value=0.0, **_):
 
 
 @op
-def mmad(c, a, b, *scales, shape, qblock=0, transpose_b=False, accumulate=True, **_):
-    """c (+)= a @ b on the cube (fp32/int32 accumulation); with block scales, each K block's partial sum is scaled."""
+def mmad(*tiles, shape, qblock=0, transpose_b=False, accumulate=True, **_):
+    """c (+)= a @ b on the cube (fp32/int32 accumulation); with block scales, each K block's partial sum is scaled.
+    Inputs: (c, a, b[, sa, sb]) when accumulating into L0C, (a, b[, sa, sb]) for a fresh L0C."""
+    c, a, b, *scales = tiles if accumulate else (0.0, *tiles)
     if transpose_b:
         b = np.swapaxes(b, -1, -2)
     if qblock:
@@ -60,3 +62,33 @@ def fixpipe(c, *deq, shape, relu=False, dequant=False, **_):
         sa, sb = deq
         c = c * sa * sb
     return np.maximum(c, 0.0) if relu else c
+
+
+@op
+def headsum(s, w, shape, qpos, kpos, keys, causal=True, **_):
+    """Lightning-indexer weighted head-sum of ReLU scores for one token: w[1,H] @ s[H,n], masked past the
+    sequence end and (causal) after the query position."""
+    out = w @ s
+    pos = kpos + np.arange(s.shape[1])
+    bad = (pos >= keys) | ((pos > qpos) if causal else False)
+    return np.where(bad, -np.inf, out)
+
+
+@op
+def topk_init(shape, **_):
+    out = np.full(shape, -np.inf)
+    out[1::2] = -1
+    return out
+
+
+@op
+def topk_merge(state, scores, shape, kpos, **_):
+    """Running exact top-k: state rows (values, indices) merged with a new tile of scores starting at key kpos.
+    Order: larger score first, ties to the lower index (the reference's order); -inf entries carry index -1."""
+    k = state.shape[1]
+    vals = np.concatenate([state[0], scores[0]])
+    idx = np.concatenate([state[1], kpos + np.arange(scores.shape[1])])
+    idx = np.where(np.isneginf(vals), np.inf, idx)
+    order = np.lexsort((idx, -vals))[:k]
+    v, i = vals[order], idx[order]
+    return np.stack([v, np.where(np.isinf(i), -1, i)])
