@@ -1,0 +1,101 @@
+"""npusim kernel list | show | verify: a kernel's tiling on a chip, its buffers, pipes and roofline; its numerics.
+
+`load_kernel(args)` turns --hw/--shape/--set (and tile options given in --shape) into (kernel, chip) for any
+subcommand, e.g. the engine's `kernel sim`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from npusim.cli.common import add_format, add_set, emit, parse_overrides
+from npusim.errors import NpusimError
+from npusim.kernels import catalog
+from npusim.kernels.base import Kernel, capacity
+from npusim.spec.chip import Chip, load_chip
+
+
+def parse_shape(text: str) -> dict[str, str]:
+    out = {}
+    for item in filter(None, (x.strip() for x in (text or "").split(","))):
+        key, sep, val = item.partition("=")
+        if not sep:
+            raise NpusimError(f"--shape item '{item}' must look like KEY=VALUE, e.g. m=4096,n=7168,k=2048")
+        out[key.strip()] = val.strip()
+    return out
+
+
+def load_kernel(args) -> tuple[Kernel, Chip]:
+    """(kernel, chip) from args.name, args.shape ('k=v,...'; option keys such as dtype or block_m allowed),
+    args.hw and args.overrides."""
+    chip = load_chip(args.hw, parse_overrides(getattr(args, "overrides", [])))
+    return catalog.kernel(args.name, parse_shape(args.shape)), chip
+
+
+def add_kernel_args(parser, hw: bool = True) -> None:
+    parser.add_argument("name", help="kernel name (see 'npusim kernel list')")
+    parser.add_argument("--shape", default="", help="shape and options, e.g. tokens=4096,keys=65536,topk=2048")
+    if hw:
+        parser.add_argument("--hw", default="910b2", help="chip name (default 910b2)")
+        add_set(parser)
+    add_format(parser)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("kernel", help="kernel tilings: list, show (tiling, buffers, pipes, roofline), verify numerics")
+    ks = p.add_subparsers(dest="kernel_command", metavar="SUBCOMMAND")
+    lp = ks.add_parser("list", help="kernels with a tiling")
+    add_format(lp)
+    lp.set_defaults(run=run_list)
+    sp = ks.add_parser("show", help="tiling, buffer use vs capacity, instructions per pipe, FLOPs, bytes, roofline")
+    add_kernel_args(sp)
+    sp.set_defaults(run=run_show)
+    vp = ks.add_parser("verify", help="traced execution vs float64 reference: max abs / rel error per dtype scheme")
+    add_kernel_args(vp, hw=False)
+    vp.add_argument("--seed", type=int, default=0)
+    vp.set_defaults(run=run_verify)
+    p.set_defaults(run=lambda args: p.print_help())
+
+
+def run_list(args) -> None:
+    from npusim.kernels.base import KERNELS
+    from npusim.functional.verify import VERIFY
+
+    rows = [{"kernel": n, "shape keys": ", ".join(_keys(KERNELS[n])),
+             "verify": n in VERIFY, "about": (KERNELS[n].__doc__ or "").strip().splitlines()[0]} for n in catalog.names()]
+    emit(pd.DataFrame(rows), args.format)
+
+
+def _keys(cls) -> list[str]:
+    import dataclasses
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def run_show(args) -> None:
+    kern, chip = load_kernel(args)
+    trace = kern.build(chip)
+    cap = capacity(chip)
+    roof = kern.roofline(chip)
+    rows = [{"section": "buffer", "item": lvl, "value": used, "capacity": cap.get(lvl), "unit": "B",
+             "use": f"{100 * used / cap[lvl]:.0f}%" if cap.get(lvl) else ""} for lvl, used in trace.buffers.items()]
+    for pipe, tot in trace.pipe_totals().items():
+        rows.append({"section": "pipe", "item": pipe, "value": tot["instructions"], "unit": "instructions",
+                     "bytes": tot["bytes"], "flops": tot["flops"]})
+    rows.append({"section": "tiling", "item": "tiling", "value": str(trace.tiling)})
+    rows.append({"section": "cores", "item": "groups", "value": len(trace.groups), "unit": str(trace.cores)})
+    extra = {"kernel": trace.kernel, "chip": trace.chip, "shape": trace.shape, "flops": trace.flops,
+             "hbm_bytes": trace.hbm_bytes, "roofline_us": round(roof.time * 1e6, 3), "bound": roof.bound}
+    emit(pd.DataFrame(rows).fillna(""), args.format, title=f"{trace.kernel} on {trace.chip}", extra=extra)
+    over = [lvl for lvl, used in trace.buffers.items() if cap.get(lvl) is not None and used > cap[lvl]]
+    if over:
+        kern.trace(chip)  # raises the NpusimError saying by how much
+
+
+def run_verify(args) -> None:
+    from npusim.functional.verify import VERIFY
+
+    if args.name not in VERIFY:
+        raise NpusimError(f"kernel '{args.name}' has no functional check yet; checked: {', '.join(sorted(VERIFY))}")
+    errs = VERIFY[args.name]({k: int(v) for k, v in parse_shape(args.shape).items()}, np.random.default_rng(args.seed))
+    emit(pd.DataFrame([e.__dict__ for e in errs]), args.format, title=f"{args.name}: traced execution vs float64")

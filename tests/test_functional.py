@@ -1,0 +1,76 @@
+"""One trace, two executors: each kernel's traced execution against its float64 reference."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from npusim import functional as F
+from npusim.errors import NpusimError
+from npusim.functional import reference as R
+from npusim.functional.executor import execute
+from npusim.functional.numerics import rnd
+from npusim.kernels.gemm import Gemm
+from npusim.kernels.trace import Loop, Program
+from npusim.spec.chip import load_chip
+
+RNG = np.random.default_rng(7)
+
+
+@pytest.mark.parametrize("m,n,k", [(64, 64, 64), (200, 300, 700), (17, 129, 33)])
+@pytest.mark.parametrize("scheme,tol", [("bf16", 1e-2), ("fp16", 2e-3), ("int8", 3e-2)])
+def test_gemm_matches_reference(m, n, k, scheme, tol):
+    a, b = RNG.standard_normal((m, k)), RNG.standard_normal((k, n))
+    ref = R.gemm(a, b)
+    out = F.gemm(a, b, dtype=scheme, out_dtype="fp32")
+    assert np.abs(out - ref).max() <= tol * np.abs(ref).max()
+
+
+def test_gemm_small_tiles_and_batch():
+    a, b = RNG.standard_normal((3, 50, 90)), RNG.standard_normal((3, 90, 40))
+    out = F.gemm(a, b, out_dtype="fp32", base_m=16, base_n=16, base_k=32, step_k=1)
+    assert np.allclose(out, R.gemm(a, b), atol=0.05 * np.abs(a @ b).max())
+
+
+@pytest.mark.parametrize("t,s,h,k,causal", [(8, 512, 64, 512, False), (20, 700, 64, 64, True),
+                                            (9, 9, 64, 16, True), (16, 1100, 32, 100, True), (3, 2000, 64, 2048, True)])
+def test_lightning_indexer_topk_equals_reference(t, s, h, k, causal):
+    q, kk, w = RNG.standard_normal((t, h, 128)), RNG.standard_normal((s, 128)), RNG.standard_normal((t, h))
+    sc, idx = F.lightning_indexer(q, kk, w, k, causal=causal)
+    rs, ri = R.lightning_indexer(rnd(q, "bf16"), rnd(kk, "bf16"), w, k, causal=causal)
+    assert all(set(a[a >= 0]) == set(b[b >= 0]) for a, b in zip(idx, ri))
+    assert ((idx < 0) == (ri < 0)).all()  # positions below top-k: same number of visible keys
+    fin = np.isfinite(rs)
+    assert np.abs(sc[fin] - rs[fin]).max() <= 1e-6 * np.abs(rs[fin]).max()
+
+
+def test_broken_flag_protocol_is_caught_as_deadlock():
+    chip = load_chip("910b2")
+    tr = Gemm(64, 64, 64).trace(chip)
+    g = tr.groups[0]
+    broken = dataclasses.replace(tr, groups=(dataclasses.replace(g, flags={**g.flags, "l0c.free": 0}),))
+    with pytest.raises(NpusimError, match="deadlock"):
+        execute(broken, {"a": np.zeros((1, 64, 64)), "b": np.zeros((1, 64, 64)), "c": np.zeros((1, 64, 64))})
+
+
+def _without(body, op):
+    """The body with the functional action of every `op` instruction removed (flags and costs kept)."""
+    out = []
+    for n in body:
+        if isinstance(n, Loop):
+            out.append(dataclasses.replace(n, body=_without(n.body, op)))
+        else:
+            out.append(dataclasses.replace(n, action=None) if n.op == op else n)
+    return tuple(out)
+
+
+def test_broken_tiling_is_a_numerics_failure():
+    """A tiling bug shows up as wrong numbers: without the L0C reset, a core's second block accumulates onto its first."""
+    tr = Gemm(768, 32, 64, base_m=16).trace(load_chip("910b2"))
+    assert max(n.count for g in tr.groups for n in g.aic.body) == 2
+    bad = dataclasses.replace(tr, groups=tuple(dataclasses.replace(g, aic=Program("aic", _without(g.aic.body, "init")))
+                                               for g in tr.groups))
+    a, b = rnd(RNG.standard_normal((1, 768, 64)), "bf16"), rnd(RNG.standard_normal((1, 64, 32)), "bf16")
+    t = {"a": a, "b": b, "c": np.zeros((1, 768, 32))}
+    assert np.allclose(execute(tr, t)["c"], a @ b, rtol=1e-2, atol=0.1)
+    assert not np.allclose(execute(bad, t)["c"], a @ b, rtol=1e-2, atol=0.1)

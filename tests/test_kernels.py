@@ -1,0 +1,64 @@
+"""Kernel tilings: traces fit the chip, follow Huawei's blocks, stay compressed, refuse what does not fit."""
+
+import pytest
+
+from npusim.errors import NpusimError
+from npusim.kernels import catalog
+from npusim.kernels.trace import unroll
+from npusim.spec.chip import load_chip
+
+
+@pytest.fixture(scope="module")
+def chip():
+    return load_chip("910b2")
+
+
+def test_gemm_waves_fold_into_full_and_tail_groups(chip):
+    t = catalog.kernel("gemm", {"m": 1000, "n": 640, "k": 512}).trace(chip)
+    blocks = t.tiling["blocks"]
+    assert blocks == 8 * 5
+    assert sum(g.copies for g in t.groups) == chip.aic.count
+    assert sorted(g.copies for g in t.groups) == [8, 16]  # 40 blocks on 24 cores: 16 run 2, 8 run 1
+    assert t.pipe_totals()["cube"]["flops"] >= t.flops
+
+
+def test_gemm_tiles_fit_l0_double_buffered(chip):
+    t = catalog.kernel("gemm", {"m": 4096, "n": 4096, "k": 4096}).trace(chip)
+    assert (t.tiling["base_m"], t.tiling["base_n"], t.tiling["base_k"]) == (128, 128, 128)
+    assert t.buffers["l0a"] == chip.aic.buffers.l0a
+
+
+def test_overflowing_tiling_is_refused_saying_by_how_much(chip):
+    kern = catalog.kernel("gemm", {"m": 512, "n": 512, "k": 512, "base_m": 256, "base_n": 256, "base_k": 256})
+    with pytest.raises(NpusimError, match="too many"):
+        kern.trace(chip)
+
+
+def test_no_fp8_cube_on_910b(chip):
+    with pytest.raises(NpusimError, match="no fp8"):
+        catalog.kernel("gemm", {"m": 64, "n": 64, "k": 64, "dtype": "fp8"}).trace(chip)
+
+
+def test_lightning_indexer_matches_huawei_block(chip):
+    t = catalog.kernel("lightning_indexer", {"tokens": 4096, "keys": 65536}).trace(chip)
+    assert t.tiling["block_m"] == 512 and t.tiling["block_n"] == 512
+    assert t.buffers["l1"] == 128 * 1024 + 192 * 1024  # Q resident + K triple buffer (models.md §3.4)
+
+
+def test_causal_indexer_cube_work_follows_the_triangle(chip):
+    full = catalog.kernel("lightning_indexer", {"tokens": 8192, "keys": 8192, "causal": 0}).trace(chip)
+    causal = catalog.kernel("lightning_indexer", {"tokens": 8192, "keys": 8192}).trace(chip)
+    ratio = causal.pipe_totals()["cube"]["flops"] / full.pipe_totals()["cube"]["flops"]
+    assert 0.5 < ratio < 0.55
+
+
+def test_every_trace_has_a_flag_order_the_executor_accepts(chip):
+    t = catalog.kernel("gemm", {"m": 40, "n": 40, "k": 40}).trace(chip)
+    assert sum(1 for g in t.groups for p in g.programs for _ in unroll(p.body)) > 0
+
+
+def test_unknown_kernel_and_shape_key_are_plain_errors():
+    with pytest.raises(NpusimError, match="did you mean"):
+        catalog.kernel("gem", {})
+    with pytest.raises(NpusimError, match="no shape key"):
+        catalog.kernel("gemm", {"m": 1, "n": 1, "k": 1, "q": 3})
