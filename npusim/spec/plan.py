@@ -102,6 +102,8 @@ class Plan:
     mtp: Mtp = Mtp()
     eplb: Eplb = Eplb()
     streams: Streams = Streams()
+    comm_buffer: float = quantity("bytes", default=200 * 2**20,
+                                  doc="HCCL buffer per communication group (HCCL_BUFFSIZE default 200 MB)")
     kv_transfer_tier: str = text(default="", doc="system tier that carries prefill->decode KV; '' = innermost holding both")
     provenance: Provenance = internal()
 

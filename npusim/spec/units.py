@@ -98,7 +98,10 @@ def format(value: float, dimension: str, digits: int = 4) -> str:
         if abs(value) >= dim.units[u] or value == 0 and u == units[0]:
             best = u
     mantissa = value / dim.units[best]
-    return f"{mantissa:.{digits}g} {best}"
+    text = f"{mantissa:.{digits}g}"
+    if "e" in text:  # e.g. 1000 MiB at 3 digits: keep the digits rather than switch to exponent notation
+        text = f"{mantissa:.0f}"
+    return f"{text} {best}"
 
 
 def isclose(a: float, b: float, rel: float = 1e-9) -> bool:

@@ -1,0 +1,124 @@
+"""HBM per rank: weights (by quantisation and sharding), KV and indexer caches, activations, communication buffers.
+
+A configuration whose total exceeds the chip's usable HBM is refused with the breakdown, before any time is predicted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from npusim.errors import NpusimError
+from npusim.graph import accounting
+from npusim.parallel.shard import RankStep
+from npusim.spec import units
+from npusim.spec.chip import Chip
+from npusim.spec.model import ModelConfig
+from npusim.spec.plan import Plan
+from npusim.spec.quant import BF16, QuantScheme
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes per rank of one instance role."""
+
+    weights: float
+    kv_cache: float
+    activations: float
+    comm_buffers: float
+    capacity: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.kv_cache + self.activations + self.comm_buffers
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity
+
+    def as_dict(self) -> dict[str, float]:
+        return {"weights": self.weights, "kv_cache": self.kv_cache, "activations": self.activations,
+                "comm_buffers": self.comm_buffers, "total": self.total, "capacity": self.capacity}
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{k} {units.format(v, 'bytes', 3)}" for k, v in self.as_dict().items() if k != "capacity")
+        return f"{parts} of {units.format(self.capacity, 'bytes', 3)} usable"
+
+
+def _o_proj_params(model: ModelConfig) -> float:
+    per_layer = (model.o_groups * model.o_lora_rank * model.hidden_size if model.is_v4
+                 else model.num_attention_heads * model.v_head_dim * model.hidden_size)
+    return per_layer * model.num_hidden_layers
+
+
+def weight_bytes(model: ModelConfig, plan: Plan, phase: str, quant: QuantScheme) -> float:
+    """Weights one rank stores: each class divided by the degree that shards it."""
+    inst = plan.instance(phase)
+    pc = accounting.parameters(model)
+    local_experts = math.ceil((model.n_routed_experts + plan.eplb.redundant_experts) / inst.moe.ep)
+    o_proj = _o_proj_params(model)
+    share = {
+        "attention": None,  # split below: o_proj by o_proj_tp, the rest by attention TP
+        "indexer": 1.0 / inst.attention.tp,
+        "routed_experts": local_experts / model.n_routed_experts / inst.moe.tp,
+        "shared_experts": 1.0 / inst.moe.tp,
+        "dense_ffn": 1.0 / inst.dense_tp,
+        "lm_head": 1.0 / inst.lm_head_tp,
+        "embedding": 1.0 / inst.embed_tp,
+        accounting.UNQUANTISED: 1.0,
+    }
+    total = 0.0
+    for cls, n in pc.by_class.items():
+        per = BF16.bytes_per_element() if cls == accounting.UNQUANTISED else quant.weights(cls).bytes_per_element()
+        if cls == "attention":
+            total += per * (o_proj / inst.o_proj_tp + (n - o_proj) / inst.attention.tp)
+        else:
+            total += per * n * share[cls]
+    if plan.mtp.depth and pc.mtp:
+        routed = model.n_routed_experts * 3 * model.hidden_size * model.moe_intermediate_size
+        total += (pc.mtp - routed) * quant.weights("attention").bytes_per_element()
+        total += routed * share["routed_experts"] * quant.weights("routed_experts").bytes_per_element()
+    return total / inst.pp
+
+
+def kv_bytes(model: ModelConfig, plan: Plan, step: RankStep, quant: QuantScheme, context: int) -> float:
+    """Caches one rank holds at the end of the step: its sequences' rows for every layer of its stage."""
+    inst = step.instance
+    fp = accounting.cache_footprint(model, quant)
+    layers_share = 1.0 / inst.pp
+    if step.phase == "prefill" and inst.attention.cp > 1:
+        per_layer = fp.bytes_per_token / model.num_hidden_layers
+        own = step.sequences * context * fp.bytes_per_token * layers_share
+        gathered = step.sequences * inst.attention.cp * context * per_layer  # one layer's whole-sequence KV
+        return own + gathered + step.sequences * fp.fixed_bytes_per_sequence
+    seqs = step.sequences
+    total_len = context + plan.mtp.depth
+    return seqs * (total_len * fp.bytes_per_token + fp.fixed_bytes_per_sequence) * layers_share
+
+
+def activation_bytes(step: RankStep) -> float:
+    """Peak live activations: the largest op's inputs and outputs (weights apart), twice for double buffering."""
+    return 2.0 * max(op.bytes_read - op.weight_bytes + op.bytes_written for layer in step.layers for op in layer.ops)
+
+
+def comm_groups(plan: Plan, phase: str) -> int:
+    inst = plan.instance(phase)
+    a = inst.attention
+    degrees = {("tp", a.tp), ("cp", a.cp), ("ep", inst.moe.ep * inst.moe.tp), ("o_proj", inst.o_proj_tp),
+               ("dense", inst.dense_tp), ("embed", inst.embed_tp), ("lm_head", inst.lm_head_tp), ("pp", inst.pp)}
+    return sum(1 for _, d in degrees if d > 1)
+
+
+def memory(model: ModelConfig, plan: Plan, step: RankStep, quant: QuantScheme, chip: Chip, context: int) -> Memory:
+    return Memory(weights=weight_bytes(model, plan, step.phase, quant),
+                  kv_cache=kv_bytes(model, plan, step, quant, context),
+                  activations=activation_bytes(step),
+                  comm_buffers=comm_groups(plan, step.phase) * plan.comm_buffer,
+                  capacity=chip.hbm.usable)
+
+
+def require_fit(mem: Memory, phase: str, where: str) -> None:
+    if not mem.fits:
+        raise NpusimError(f"the {phase} configuration does not fit in HBM: {mem.describe()} per rank "
+                          f"({units.format(mem.total - mem.capacity, 'bytes', 3)} over); use more ranks, a smaller "
+                          f"batch or a lighter quantisation", file=where)

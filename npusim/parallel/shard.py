@@ -1,0 +1,206 @@
+"""One rank's work under a plan: the op graph cut to the rank's tokens, heads and experts, with collectives inserted.
+
+The graph builder gives the ops of a step for a batch. A rank under the plan sees:
+- attention side: its DP share of the sequences; under context parallelism 1/cp of the tokens (the zig-zag split
+  balances the causal work, so every token-proportional quantity divides by cp); heads split by attention TP;
+- o_proj, dense FFN, LM head and embedding: tokens gathered from their TP group, weights split across it;
+- routed experts: the rank's experts ((routed + redundant) / ep) fed with its tokens' top-k rows times the routing
+  imbalance (busiest rank / mean), weights read once per touched expert.
+Collectives are placed between the op that produces their input and the op that consumes their output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from npusim.errors import NpusimError
+from npusim.graph import accounting
+from npusim.graph.builder import build_graph
+from npusim.graph.ops import ModelGraph, Op
+from npusim.parallel.collectives import Collective
+from npusim.spec.model import ModelConfig
+from npusim.spec.plan import Instance, Plan
+from npusim.spec.quant import QuantScheme
+
+ROUTED = ("experts_gate_up", "experts_swiglu", "experts_down")
+DENSE_FFN = ("gate_up_proj", "swiglu", "down_proj")
+O_PROJ = ("o_proj", "o_b_proj")
+HEAD = ("lm_head",)
+EMBED = ("embedding",)
+TOKEN_KEYS = ("m", "tokens", "rows", "pairs")
+SIDE_STREAM_OPS = ("shared_gate_up", "shared_swiglu", "shared_down")
+
+
+@dataclass(frozen=True)
+class Comm:
+    """A collective that consumes the output of op `after` and feeds op `before` ('' = layer boundary)."""
+
+    name: str
+    collective: Collective
+    after: str
+    before: str
+
+
+@dataclass(frozen=True)
+class RankLayer:
+    name: str
+    ops: tuple[Op, ...]
+    comms: tuple[Comm, ...]
+    repeat: int
+
+
+@dataclass(frozen=True)
+class RankStep:
+    """What one (busiest) rank executes for one prefill or one decode step."""
+
+    phase: str
+    instance: Instance
+    sequences: float  # sequences per attention rank (fractional under CP)
+    tokens: int  # new tokens per attention rank
+    layers: tuple[RankLayer, ...]
+    graph: ModelGraph  # the unsharded graph the rank's ops were cut from
+
+
+def _scale_op(op: Op, *, tokens: float = 1.0, n_div: int = 1, k_div: int = 1, weights: float | None = None) -> Op:
+    """The op with its token dimension scaled and its n / k dimensions split (weights scale as 1/(n_div k_div))."""
+    w_scale = 1.0 / (n_div * k_div) if weights is None else weights
+    shape = dict(op.shape)
+    for key in TOKEN_KEYS:
+        if key in shape:
+            shape[key] = max(1, math.ceil(shape[key] * tokens))
+    for key, div in (("n", n_div), ("k", k_div), ("width", n_div)):
+        if key in shape and div > 1:
+            shape[key] = max(1, shape[key] // div)
+    act_in = op.bytes_read - op.weight_bytes
+    w = op.weight_bytes * w_scale
+    return dataclasses.replace(op, shape=shape, flops=op.flops * tokens / (n_div * k_div),
+                               bytes_read=act_in * tokens / k_div + w, bytes_written=op.bytes_written * tokens / n_div,
+                               weight_bytes=w)
+
+
+def _touched(experts: float, rows: float) -> float:
+    """Expected distinct experts hit by `rows` uniformly routed rows among `experts` (each read once)."""
+    if experts <= 0:
+        return 0.0
+    return experts * (1.0 - (1.0 - 1.0 / experts) ** rows)
+
+
+def _routed(op: Op, tokens: float, inst: Instance, model: ModelConfig, plan: Plan) -> Op:
+    rows = op.shape["rows"] * tokens * plan.eplb.imbalance
+    local = math.ceil((model.n_routed_experts + plan.eplb.redundant_experts) / inst.moe.ep)
+    hit = _touched(local, rows)
+    per_expert = op.weight_bytes / max(op.shape.get("experts", 1), 1)
+    scaled = _scale_op(op, tokens=tokens * plan.eplb.imbalance, n_div=inst.moe.tp if op.name != "experts_down" else 1,
+                       k_div=inst.moe.tp if op.name == "experts_down" else 1, weights=0.0)
+    w = per_expert * hit / inst.moe.tp if op.weight_bytes else 0.0
+    shape = dict(scaled.shape)
+    if "experts" in shape:
+        shape["experts"] = max(1, round(hit))
+    return dataclasses.replace(scaled, shape=shape, bytes_read=scaled.bytes_read + w, weight_bytes=w)
+
+
+def shard_op(op: Op, inst: Instance, model: ModelConfig, plan: Plan, token_scale: float) -> Op:
+    """One op as the rank runs it; `token_scale` is the rank's share of the graph's tokens on the attention side."""
+    a = inst.attention
+    if op.name in ROUTED:
+        return _routed(op, token_scale, inst, model, plan)
+    if op.name in DENSE_FFN:
+        d = inst.dense_tp
+        split_k = op.name == "down_proj"
+        return _scale_op(op, tokens=token_scale * d, n_div=1 if split_k else d, k_div=d if split_k else 1)
+    if op.name in O_PROJ:
+        o = inst.o_proj_tp
+        return _scale_op(op, tokens=token_scale * o, k_div=o)
+    if op.name in HEAD:
+        t = inst.lm_head_tp
+        return _scale_op(op, tokens=token_scale * t, n_div=t)
+    if op.name in EMBED:
+        return _scale_op(op, tokens=token_scale, weights=1.0 / inst.embed_tp)
+    if op.name in SIDE_STREAM_OPS or op.name in ("moe_gate", "moe_combine"):
+        return _scale_op(op, tokens=token_scale, weights=1.0)
+    # attention side: tokens by DP/CP share, heads split by attention TP (head-parallel approximation)
+    return _scale_op(op, tokens=token_scale / a.tp, weights=1.0 / a.tp)
+
+
+def _act_bytes(quant: QuantScheme) -> float:
+    return quant.activation.bytes_per_element() if quant.activation.quantised else 2.0
+
+
+def _comms(name: str, ops: tuple[Op, ...], inst: Instance, model: ModelConfig, quant: QuantScheme, tokens: float,
+           seq_tokens: float, phase: str) -> list[Comm]:
+    """Collectives of one layer type (its sharded `ops`) for a rank handling `tokens` new attention-side tokens."""
+    h = model.hidden_size
+    a = inst.attention
+    names = [o.name for o in ops]
+    out: list[Comm] = []
+
+    def add(name, kind, size, group, after, before):
+        if group > 1 and after in names and (before in names or before == ""):
+            out.append(Comm(name, Collective(kind, size, group), after, before))
+
+    if phase == "prefill" and a.cp > 1 and "attention" in names:
+        row = accounting.kv_row_bytes(model, quant) + (
+            accounting.indexer_row_bytes(model, quant) if model.has_indexer else 0.0)
+        kv_bytes = seq_tokens * row  # the whole sequence's new cache rows, gathered on every rank
+        consumer = next(n for n in ("lightning_indexer", "attention") if n in names)
+        producer = next(n for n in ("indexer_cache_update", "kv_compressor", "kv_cache_update") if n in names)
+        if a.cp_mode == "allgather":
+            add("cp_kv_allgather", "all_gather", kv_bytes, a.cp, producer, consumer)
+        else:
+            add("cp_kv_ring_first", "p2p", kv_bytes / a.cp, 2, producer, consumer)
+            rest = Collective("p2p", kv_bytes * (a.cp - 2) / a.cp, 2)
+            if a.cp > 2:
+                out.append(Comm("cp_kv_ring_rest", rest, consumer, "attention" if consumer != "attention" else ""))
+    o_op = next((n for n in O_PROJ if n in names), None)
+    if o_op and inst.o_proj_tp > 1:
+        o = inst.o_proj_tp
+        prev = names[names.index(o_op) - 1]
+        nxt = names[names.index(o_op) + 1] if names.index(o_op) + 1 < len(names) else ""
+        add("o_proj_all_to_all", "all_to_all", tokens * model.num_attention_heads *
+            (model.v_head_dim or model.head_dim) * 2 / a.tp, o, prev, o_op)
+        add("o_proj_reduce_scatter", "reduce_scatter", tokens * o * h * 2, o, o_op, nxt)
+    elif o_op and a.tp > 1:
+        nxt = names[names.index(o_op) + 1] if names.index(o_op) + 1 < len(names) else ""
+        add("attn_all_reduce", "all_reduce", tokens * h * 2, a.tp, o_op, nxt)
+    if "experts_gate_up" in names and inst.moe.ep * inst.moe.tp > 1:
+        k = model.num_experts_per_tok
+        add("moe_dispatch", "all_to_all", tokens * k * h * _act_bytes(quant), inst.moe.ep * inst.moe.tp, "moe_gate",
+            "experts_gate_up")
+        add("moe_combine_all_to_all", "all_to_all", tokens * k * h * 2, inst.moe.ep * inst.moe.tp, "experts_down",
+            "moe_combine")
+    if "gate_up_proj" in names and inst.dense_tp > 1:
+        d = inst.dense_tp
+        add("dense_all_gather", "all_gather", tokens * d * h * 2, d, "ffn_norm", "gate_up_proj")
+        add("dense_reduce_scatter", "reduce_scatter", tokens * d * h * 2, d, "down_proj", "")
+    if "lm_head" in names and inst.lm_head_tp > 1:
+        t = inst.lm_head_tp
+        m = next(o for o in ops if o.name == "lm_head").shape["m"]  # tokens gathered over the TP group
+        add("lm_head_all_gather", "all_gather", m * h * 2, t, "final_norm", "lm_head")
+    if "embedding" in names and inst.embed_tp > 1 and name == "embedding":
+        out.append(Comm("embed_all_reduce", Collective("all_reduce", tokens * h * 2, inst.embed_tp), "embedding", ""))
+    return out
+
+
+def shard(model: ModelConfig, plan: Plan, phase: str, *, batch: int, length: int, quant: QuantScheme) -> RankStep:
+    """The busiest rank's step. `batch` is the instance's global batch; `length` the prompt (prefill) or context."""
+    inst = plan.instance(phase)
+    a = inst.attention
+    replicas = a.dp * inst.instances
+    if phase == "decode" and a.cp > 1:
+        raise NpusimError("context parallelism is modelled for prefill only; use attention.cp: 1 for decode",
+                          file=plan.provenance.file if plan.provenance else None, field="decode.attention.cp")
+    per_replica = math.ceil(batch / replicas)
+    mtp = plan.mtp.depth
+    graph = build_graph(model, phase, per_replica, length, mtp_tokens=mtp, quant=quant)
+    token_scale = 1.0 / a.cp if phase == "prefill" else 1.0
+    tokens = graph.scenario["tokens"] * token_scale
+    seq_tokens = graph.scenario["tokens"]
+    layers = []
+    for lg in graph.layers:
+        ops = tuple(shard_op(op, inst, model, plan, token_scale) for op in lg.ops)
+        comms = tuple(_comms(lg.name, ops, inst, model, quant, tokens, seq_tokens, phase))
+        layers.append(RankLayer(lg.name, ops, comms, lg.repeat))
+    return RankStep(phase=phase, instance=inst, sequences=per_replica * token_scale, tokens=math.ceil(tokens),
+                    layers=tuple(layers), graph=graph)
