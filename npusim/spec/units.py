@@ -99,7 +99,7 @@ def format(value: float, dimension: str, digits: int = 4) -> str:
             best = u
     mantissa = value / dim.units[best]
     text = f"{mantissa:.{digits}g}"
-    if "e" in text:  # e.g. 1000 MiB at 3 digits: keep the digits rather than switch to exponent notation
+    if "e" in text and abs(mantissa) >= 1:  # e.g. 1000 MiB at 3 digits: keep the digits rather than switch to exponent notation
         text = f"{mantissa:.0f}"
     return f"{text} {best}"
 
