@@ -75,3 +75,11 @@ def test_broken_tiling_is_a_numerics_failure():
     assert np.allclose(execute(tr, t)["c"], a @ b, rtol=1e-2, atol=0.1)
     with pytest.raises(NpusimError, match="reads 'l0c' before anything wrote it"):
         execute(bad, t)
+
+
+@pytest.mark.parametrize("rows,dim", [(5, 64), (100, 512), (301, 7168)])
+def test_norms_match_reference_within_bf16(rows, dim):
+    x, w, b = RNG.standard_normal((rows, dim)), RNG.standard_normal(dim), RNG.standard_normal(dim)
+    xq = rnd(x, "bf16")
+    for out, ref in ((F.rmsnorm(x, w), R.rmsnorm(xq, w)), (F.layernorm(x, w, b), R.layernorm(xq, w, b))):
+        assert np.abs(out - ref).max() <= 2 ** -7 * np.abs(ref).max()

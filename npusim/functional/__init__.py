@@ -63,3 +63,21 @@ def lightning_indexer(q: np.ndarray, k: np.ndarray, weights: np.ndarray, topk: i
     out = run(kern, {"q": rnd(q.reshape(T * H, D), dtype), "k": rnd(k, dtype), "w": rnd(weights, "fp32"),
                      "scores": np.zeros((T, topk)), "indices": np.zeros((T, topk))}, chip)
     return out["scores"], out["indices"].astype(np.int64)
+
+
+def rmsnorm(x: np.ndarray, weight: np.ndarray, dtype: str = "bf16", chip: str | Chip = "910b2") -> np.ndarray:
+    """x [rows, dim] -> x / rms(x) * weight (eps 1e-6, fp32 math, output rounded to dtype)."""
+    return _rowwise("rmsnorm", x, weight[None], dtype, chip)
+
+
+def layernorm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, dtype: str = "bf16",
+              chip: str | Chip = "910b2") -> np.ndarray:
+    """x [rows, dim] -> (x - mean) / std * weight + bias (eps 1e-6)."""
+    return _rowwise("layernorm", x, np.stack([weight, bias]), dtype, chip)
+
+
+def _rowwise(op: str, x: np.ndarray, p: np.ndarray, dtype: str, chip) -> np.ndarray:
+    from npusim.kernels.rowwise import RowWise
+
+    kern = RowWise(x.shape[0], x.shape[1], op, dtype)
+    return run(kern, {"x": rnd(x, dtype), "p": p, "y": np.zeros(x.shape)}, chip)["y"]

@@ -92,3 +92,18 @@ def topk_merge(state, scores, shape, kpos, **_):
     order = np.lexsort((idx, -vals))[:k]
     v, i = vals[order], idx[order]
     return np.stack([v, np.where(np.isinf(i), -1, i)])
+
+
+@op
+def rmsnorm(x, p, shape, eps=1e-6, **_):
+    """p row 0: weight."""
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * p[0]
+
+
+@op
+def layernorm(x, p, shape, eps=1e-6, **_):
+    """p rows 0, 1: weight, bias."""
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * p[0] + p[1]
+

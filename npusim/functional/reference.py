@@ -33,3 +33,14 @@ def lightning_indexer(q, k, weights, topk_: int, causal: bool = True):
     if causal:
         scores = np.where(causal_mask(q.shape[0], k.shape[0]), scores, -np.inf)
     return topk(scores, topk_)
+
+
+def rmsnorm(x, weight, eps: float = 1e-6):
+    x = np.asarray(x, np.float64)
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * weight
+
+
+def layernorm(x, weight, bias, eps: float = 1e-6):
+    x = np.asarray(x, np.float64)
+    mu = x.mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps) * weight + bias

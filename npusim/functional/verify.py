@@ -43,7 +43,16 @@ def verify_lightning_indexer(shape: dict, rng: np.random.Generator) -> list[Erro
     return [_err("bf16", sc, rs, same)]
 
 
+def verify_rowwise(shape: dict, rng: np.random.Generator) -> list[Error]:
+    rows, dim = shape.get("rows", 77), shape.get("dim", 1024)
+    x, w, b = rng.standard_normal((rows, dim)), rng.standard_normal(dim), rng.standard_normal(dim)
+    xq = rnd(x, "bf16")
+    return [_err("rmsnorm bf16", F.rmsnorm(x, w), R.rmsnorm(xq, w)),
+            _err("layernorm bf16", F.layernorm(x, w, b), R.layernorm(xq, w, b))]
+
+
 VERIFY: dict[str, Callable[[dict, np.random.Generator], list[Error]]] = {
     "gemm": verify_gemm,
     "lightning_indexer": verify_lightning_indexer,
+    "rowwise": verify_rowwise,
 }
