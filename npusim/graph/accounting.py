@@ -54,7 +54,7 @@ def cache_footprint(model: ModelConfig, quant: QuantScheme) -> CacheFootprint:
     total_b = total_e = 0.0
     for layer in range(model.num_hidden_layers):
         r = model.compress_ratio(layer)
-        name = _v4_attention_kind(r)
+        name = model.attention_kind(layer)
         b = kv_b / r if r else 0.0
         e = kv_e / r if r else 0.0
         if r == OVERLAP_RATIO:
@@ -64,10 +64,6 @@ def cache_footprint(model: ModelConfig, quant: QuantScheme) -> CacheFootprint:
     fixed = model.num_hidden_layers * model.sliding_window * kv_b
     return CacheFootprint(per_layer_bytes=per_b, per_layer_elements=per_e, bytes_per_token=total_b,
                           elements_per_token=total_e, fixed_bytes_per_sequence=fixed)
-
-
-def _v4_attention_kind(ratio: int) -> str:
-    return {0: "swa", OVERLAP_RATIO: "csa"}.get(ratio, "hca")
 
 
 # ----------------------------------------------------------------------------------------------- parameters

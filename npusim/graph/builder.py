@@ -12,7 +12,8 @@ from dataclasses import replace
 
 from npusim.errors import NpusimError
 from npusim.graph import accounting
-from npusim.graph.ops import LayerGraph, ModelGraph, Op, cache_store, gemm, grouped_gemm, norm, rope, swiglu, vector
+from npusim.graph.ops import (LayerGraph, ModelGraph, Op, cache_store, gemm, grouped_gemm, norm, rope, swiglu,
+                              vector)
 from npusim.graph.positions import Queries
 from npusim.spec.model import OVERLAP_RATIO, ModelConfig
 from npusim.spec.quant import BF16, QuantScheme, get_quant
@@ -300,7 +301,5 @@ def build_graph(model: ModelConfig, phase: str, batch: int, length: int, *, mtp_
 def _layer_key(model: ModelConfig, layer: int) -> str:
     """Name of the layer type; identical names build identical ops."""
     if model.is_v4:
-        name = {0: "swa", OVERLAP_RATIO: "csa"}.get(model.compress_ratio(layer), "hca")
-        return name + ("-hash" if layer < model.num_hash_layers else "") + "-moe"
-    attn = "dsa" if model.has_indexer else "mla"
-    return f"{attn}-{'dense' if model.is_dense_ffn(layer) else 'moe'}"
+        return f"{model.attention_kind(layer)}{'-hash' if layer < model.num_hash_layers else ''}-moe"
+    return f"{model.attention_kind(layer)}-{'dense' if model.is_dense_ffn(layer) else 'moe'}"

@@ -11,12 +11,10 @@ from dataclasses import dataclass, field
 
 from npusim.spec.quant import BF16, Storage
 
-UNITS = ("cube", "vector", "memory")
-
-
 @dataclass(frozen=True, kw_only=True)
 class Op:
-    """One kernel launch. `weight_bytes` is the part of `bytes_read` that is parameters (what decode streams)."""
+    """One kernel launch on `unit` (cube, vector or memory). `weight_bytes` is the part of `bytes_read` that is
+    parameters (what a decode step streams)."""
 
     name: str
     kind: str

@@ -91,6 +91,12 @@ class ModelConfig:
         """Compress ratio of decoder layer `layer`; index num_hidden_layers is the MTP layer (0 when not listed)."""
         return self.compress_ratios[layer] if layer < len(self.compress_ratios) else 0
 
+    def attention_kind(self, layer: int) -> str:
+        """mla (dense), dsa (indexer + sparse MLA), or V4's swa / csa / hca by the layer's compress ratio."""
+        if self.is_v4:
+            return {0: "swa", OVERLAP_RATIO: "csa"}.get(self.compress_ratio(layer), "hca")
+        return "dsa" if self.has_indexer else "mla"
+
     def is_dense_ffn(self, layer: int) -> bool:
         return layer < self.first_k_dense_replace
 
