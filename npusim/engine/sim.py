@@ -5,7 +5,10 @@ Model
 * Every (group, core, pipe) that has instructions is a *runner*: a simpy process that walks its pipe's instructions
   in program order. Runners of one core run concurrently; that is the whole pipe parallelism of a DaVinci core.
 * An instruction first takes its `wait` flags (counting semaphores scoped to the group, initial counts from
-  `Group.flags`), then occupies its pipe for `latency_cycles / clock` plus its work, then raises its `set` flags.
+  `Group.flags`), then occupies its pipe for its start-up latency (`latency_cycles / clock`) plus its work, then
+  raises its `set` flags. Pipes are pipelined units: an instruction issued back to back behind the previous one of
+  its pipe (no flag wait) hides its latency behind that one's work, so only max(0, latency - previous work) shows;
+  after a flag wait the full latency is paid. (This is what lets DMA streams keep HBM busy.)
   A flag raised by one core and awaited by another (AIC <-> AIV hand-off through GM) becomes visible only after
   `chip.overheads.cross_core_sync`.
 * Work: CUBE takes max(flops / cube rate, operand bytes / cube feed rate); VECTOR likewise with the vector unit;
@@ -81,7 +84,8 @@ class Op:
     name: str
     waits: tuple[Flag, ...]
     sets: tuple[tuple[Flag, float], ...]  # (flag, visibility delay)
-    fixed: float  # seconds on the pipe besides shared-server transfers
+    latency: float  # start-up seconds, hidden behind the previous instruction of the pipe when issued back to back
+    work: float  # seconds of on-core work (besides shared-server transfers)
     hbm: float  # bytes through the HBM server (per copy)
     l2: float  # bytes through the L2 server (per copy)
     cap: float  # per-core byte rate of the pipe for GM transfers
@@ -112,7 +116,7 @@ class Runner:
     """One pipe of one core of one group: its in-order instruction stream as a simpy process."""
 
     __slots__ = ("sim", "index", "group", "core", "pipe", "weight", "stack", "act", "start", "end", "flag",
-                 "busy", "ops", "sync")
+                 "lead", "busy", "ops", "sync")
 
     def __init__(self, sim: "Simulation", index: int, group: int, core: str, pipe: str, weight: int, body: CLoop):
         self.sim = sim
@@ -125,6 +129,7 @@ class Runner:
         self.act = IDLE
         self.start = self.end = 0.0  # of the instruction in progress
         self.flag: Flag | None = None
+        self.lead = 0.0  # work of the previous instruction, behind which the next one's latency hides
         self.busy = 0.0  # seconds the pipe was occupied (one copy)
         self.ops = 0  # instructions executed (one copy)
         self.sync = 0.0  # cross-core hand-off latency issued (one copy)
@@ -150,6 +155,7 @@ class Runner:
                 stack.append(inner)
                 sim.on_iteration(self, inner)
                 continue
+            latency = max(0.0, node.latency - self.lead)
             for flag in node.waits:
                 if flag.count:
                     flag.count -= 1
@@ -159,14 +165,17 @@ class Runner:
                     self.act, self.flag = WAITING, flag
                     yield event
                     self.flag = None
+                    latency = node.latency
             self.start = env.now
-            if node.fixed:
-                self.act, self.end = RUNNING, self.start + node.fixed
-                yield env.timeout(node.fixed)
+            fixed = latency + node.work
+            if fixed:
+                self.act, self.end = RUNNING, self.start + fixed
+                yield env.timeout(fixed)
             if node.hbm or node.l2:
                 self.act = TRANSFER
                 yield sim.transfer(self, node)
             self.act = IDLE
+            self.lead = env.now - self.start - latency
             self.busy += env.now - self.start
             self.ops += 1
             if sim.spans is not None:
@@ -280,31 +289,30 @@ class Simulation:
 
     def _compile(self, ins: Instr, core: str, waits: tuple[Flag, ...], sets) -> Op:
         chip = self.chip
-        unit = chip.aic if core == "aic" else chip.aiv
-        spec = unit.pipes[ins.pipe]
+        spec = (chip.aic if core == "aic" else chip.aiv).pipes[ins.pipe]
         clock = chip.clock
-        fixed = spec.latency_cycles / clock
+        work = 0.0
         route = spec.routes.get(f"{ins.src}>{ins.dst}", spec.bytes_per_cycle) * clock
         hbm = l2 = 0.0
         if ins.pipe in ("cube", "vector"):
             eff = chip.efficiency.cube if ins.pipe == "cube" else chip.efficiency.vector
-            work = ins.bytes / (spec.bytes_per_cycle * clock)
+            unit = ins.bytes / (spec.bytes_per_cycle * clock)
             if ins.flops:
                 table = chip.aic.cube.flop_per_cycle if ins.pipe == "cube" else chip.aiv.vector.flop_per_cycle
                 if ins.dtype not in table:
                     raise NpusimError(f"{self.trace.kernel}: {ins.pipe} instruction '{ins.op}' uses dtype "
                                       f"'{ins.dtype or '(none)'}' but {chip.name} has {ins.pipe} rates only for "
                                       f"{', '.join(table)}")
-                work = max(work, ins.flops / (table[ins.dtype] * clock))
-            fixed += work / eff
+                unit = max(unit, ins.flops / (table[ins.dtype] * clock))
+            work = unit / eff
         elif ins.src == "gm":
             l2 = ins.bytes * ins.hit
             hbm = ins.bytes - l2
         elif ins.dst == "gm":
             hbm = ins.bytes
         else:
-            fixed += ins.bytes / route
-        return Op(ins.op, waits, sets, fixed, hbm, l2, route)
+            work = ins.bytes / route
+        return Op(ins.op, waits, sets, spec.latency_cycles / clock, work, hbm, l2, route)
 
     # ------------------------------------------------------------------------------------------------ execution
     def transfer(self, runner: Runner, op: Op) -> simpy.Event:
@@ -378,6 +386,7 @@ class Simulation:
         key, numbers, counters, frames, totals = [], [], [], [], []
         for r in self.runners:
             key.append((tuple((f.loop.uid, f.pos) for f in r.stack), r.act, r.flag.uid if r.flag else -1))
+            numbers.append(r.lead)
             if r.act == RUNNING:
                 numbers.append(r.end - now)
             for f in r.stack:
