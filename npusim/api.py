@@ -1,0 +1,119 @@
+"""The public Python API: what the CLI runs, for notebooks and scripts.
+
+    import npusim
+    p = npusim.predict("cloudmatrix384", "deepseek-v3.2-exp", "v32-a3-pd-a17", input=131072, output=1024, batch=256)
+    p.ttft, p.tpot, p.breakdown("decode")
+"""
+
+from __future__ import annotations
+
+import math
+
+from npusim.errors import NpusimError
+from npusim.graph import accounting
+from npusim.parallel.collectives import Collective, collective_time
+from npusim.parallel.memory import memory, require_fit
+from npusim.parallel.shard import shard
+from npusim.parallel.step import step_time
+from npusim.results.prediction import Prediction
+from npusim.spec.model import ModelConfig, load_model
+from npusim.spec.plan import Plan, load_plan
+from npusim.spec.quant import get_quant
+from npusim.spec.system import System, load_system
+
+DEFAULT = {"hw": "cloudmatrix384", "model": "deepseek-v3.2-exp", "plan": "v32-a3-pd-a17", "input": 131072,
+           "output": 1024, "batch": 256}
+
+
+def split_overrides(overrides: dict[str, str] | None) -> dict[str, dict[str, str]]:
+    """Route `--set` keys by prefix: plan.*, model.*, and everything else to the hardware (system, then chip)."""
+    out = {"hw": {}, "plan": {}, "model": {}}
+    for key, value in (overrides or {}).items():
+        head, _, rest = key.partition(".")
+        if head in ("plan", "model") and rest:
+            out[head][rest] = value
+        else:
+            out["hw"][key] = value
+    return out
+
+
+def predict(hw: str = DEFAULT["hw"], model: str = DEFAULT["model"], plan: str = DEFAULT["plan"], *,
+            input: int = DEFAULT["input"], output: int = DEFAULT["output"], batch: int = DEFAULT["batch"],
+            prefill_batch: int = 1, context: int | None = None, quant: str | None = None,
+            overrides: dict[str, str] | None = None) -> Prediction:
+    """TTFT of `prefill_batch` prompts of `input` tokens, and TPOT of a decode step of the global `batch` at
+    `context` (default: input + output / 2, the mean context while generating)."""
+    for name, value in (("--input", input), ("--output", output), ("--batch", batch),
+                        ("--prefill-batch", prefill_batch)):
+        if value < 1:
+            raise NpusimError(f"must be a positive whole number, got {value}", field=name)
+    routed = split_overrides(overrides)
+    system = load_system(hw, routed["hw"])
+    cfg = load_model(model, routed["model"])
+    pl = load_plan(plan, routed["plan"])
+    scheme = get_quant(quant or cfg.default_quant)
+    ctx = context if context is not None else input + output // 2
+    if ctx < 1:
+        raise NpusimError(f"must be a positive whole number, got {ctx}", field="--context")
+    _check_plan(cfg, pl, system)
+    steps, mems = {}, {}
+    for phase, b, length in (("prefill", prefill_batch, input), ("decode", batch, ctx)):
+        step = shard(cfg, pl, phase, batch=b, length=length, quant=scheme)
+        mem = memory(cfg, pl, step, scheme, system.chip_spec, length)
+        require_fit(mem, phase, pl.provenance.file)
+        steps[phase] = step_time(step, pl, system)
+        mems[phase] = mem
+    dies = system.chip_spec.dies
+    pre, dec = pl.instance("prefill"), pl.instance("decode")
+    prefill_chips = pre.ranks * pre.instances / dies
+    decode_chips = dec.ranks * dec.instances / dies
+    transfer = _kv_transfer(cfg, pl, system, scheme, input) if pl.disaggregated else 0.0
+    accepted = 1.0 + pl.mtp.acceptance
+    tpot = steps["decode"].time / accepted
+    return Prediction(
+        system=system.name, model=cfg.name, plan=pl.name, quant=scheme.name,
+        scenario={"input": input, "output": output, "batch": batch, "prefill_batch": prefill_batch, "context": ctx},
+        prefill=steps["prefill"], decode=steps["decode"], kv_transfer=transfer,
+        ttft=steps["prefill"].time + transfer, tpot=tpot, decode_step=steps["decode"].time,
+        prefill_chips=prefill_chips, decode_chips=decode_chips, memory=mems,
+        tokens_per_s_per_chip=batch / tpot / decode_chips,
+        prefill_tokens_per_s_per_chip=prefill_batch * input / steps["prefill"].time / prefill_chips,
+        overrides=dict(overrides or {}))
+
+
+def _check_plan(cfg: ModelConfig, pl: Plan, system: System) -> None:
+    """Refuse a plan that does not divide the model or does not fit the system."""
+    where = pl.provenance.file
+    for role in ("prefill", "decode"):
+        inst = getattr(pl, role)
+        if inst is None:
+            continue
+        checks = ((f"{role}.attention.tp", inst.attention.tp, cfg.num_attention_heads, "num_attention_heads"),
+                  (f"{role}.moe.ep", inst.moe.ep, cfg.n_routed_experts + pl.eplb.redundant_experts,
+                   "n_routed_experts + eplb.redundant_experts"),
+                  (f"{role}.moe.tp", inst.moe.tp, cfg.moe_intermediate_size, "moe_intermediate_size"),
+                  (f"{role}.pp", inst.pp, cfg.num_hidden_layers, "num_hidden_layers"))
+        for field, degree, total, what in checks:
+            if total % degree:
+                raise NpusimError(f"{degree} does not divide the model's {what} ({total})", file=where, field=field)
+        if cfg.intermediate_size and cfg.intermediate_size % inst.dense_tp:
+            raise NpusimError(f"{inst.dense_tp} does not divide intermediate_size ({cfg.intermediate_size})",
+                              file=where, field=f"{role}.dense_tp")
+    if pl.ranks > system.ranks:
+        raise NpusimError(f"the plan needs {pl.ranks} ranks but {system.name} has {system.ranks}", file=where,
+                          field="ranks")
+
+
+def _kv_transfer(cfg: ModelConfig, pl: Plan, system: System, scheme, input: int) -> float:
+    """One request's caches from the prefill ranks to the decode rank, over the tier joining the instances."""
+    size = input * accounting.cache_footprint(cfg, scheme).bytes_per_token
+    senders = pl.prefill.ranks  # every prefill rank ships its share (its CP chunks) in parallel
+    span = pl.prefill.ranks * pl.prefill.instances + pl.decode.ranks * pl.decode.instances
+    tier = pl.kv_transfer_tier or system.tier_for(span)[0]
+    if tier not in system.tiers:
+        raise NpusimError(f"'{tier}' is not a tier of {system.name} ({', '.join(system.tiers)})",
+                          file=pl.provenance.file, field="kv_transfer_tier")
+    stride = max(1, math.ceil(system.tiers[tier].size / 2))
+    per_sender = collective_time(Collective("p2p", size / senders, 2, stride=min(stride, system.ranks // 2 or 1)),
+                                 system)
+    return per_sender.time

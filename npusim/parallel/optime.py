@@ -1,0 +1,98 @@
+"""Time of one op on one rank: its kernel's tile trace simulated by the engine, or — for an op kind that has no
+tiling yet — its roofline at the chip's calibrated efficiencies. Each result says which model produced it.
+
+Ops map onto kernels by kind: linears and absorption BMMs onto the GEMM tiling with the dtype scheme of their
+weights; routed experts onto a batched GEMM over the touched experts (rows spread evenly); the Lightning Indexer
+onto its tiling with the op's query-key pairs; norms, RoPE and quantisation onto the row-wise vector kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from npusim.engine.result import launch_cost, simulate
+from npusim.graph.ops import Op
+from npusim.kernels.base import Kernel
+from npusim.kernels.catalog import kernel
+from npusim.kernels.rowwise import ROW_OPS as ROWWISE_OPS
+from npusim.spec.chip import Chip
+
+GEMM_SCHEMES = {"bf16": "bf16", "fp16": "fp16", "int8": "int8", "int4": "int8", "fp8": "fp8", "mxfp8": "mxfp8",
+                "mxfp4": "mxfp4"}  # int4 weights run the int8 cube path (Ascend W4A8 unpacks to int8)
+ROW_OPS = {"rmsnorm": "rmsnorm", "layernorm": "layernorm", "rope": "rope", "quant": "quant_int8"}  # op kind -> row op
+
+
+@dataclass(frozen=True)
+class OpTime:
+    op: str
+    kind: str
+    time: float  # launch included
+    roofline: float
+    bound: str
+    model: str  # "engine" (simulated tile trace) | "roofline" (no tiling yet: roofline / calibrated efficiency)
+
+
+def _scheme(op: Op, chip: Chip) -> str:
+    dt = GEMM_SCHEMES.get(op.dtypes.get("b", "bf16"), "bf16")
+    return dt if dt in chip.aic.cube.flop_per_cycle else "bf16"
+
+
+def kernel_for(op: Op, chip: Chip) -> Kernel | None:
+    """The tiling that implements `op`, or None when the op's kind has no tiling yet."""
+    s = op.shape
+    if op.kind == "gemm":
+        return kernel("gemm", {"m": s["m"], "n": s["n"], "k": s["k"], "batch": s.get("batch", 1)},
+                      dtype=_scheme(op, chip))
+    if op.kind == "grouped_gemm":
+        experts = max(1, s.get("experts", 1))
+        return kernel("gemm", {"m": math.ceil(s["rows"] / experts), "n": s["n"], "k": s["k"], "batch": experts},
+                      dtype=_scheme(op, chip))
+    if op.kind == "lightning_indexer":
+        tokens = max(1, s["tokens"])
+        dt = op.dtypes.get("q", "bf16")
+        dt = dt if dt in chip.aic.cube.flop_per_cycle else "bf16"
+        return kernel("lightning_indexer", {"tokens": tokens, "keys": max(1, math.ceil(s["pairs"] / tokens)),
+                                            "heads": s["heads"], "dim": s["dim"], "topk": s["topk"]},
+                      causal=0, dtype=dt)
+    if ROW_OPS.get(op.kind) in ROWWISE_OPS:
+        rows = s.get("tokens", s.get("rows", 1)) * s.get("heads", 1)
+        dim = s.get("width", s.get("dim", s.get("elements", 1)))
+        return kernel("rowwise", {"rows": max(1, rows), "dim": dim}, op=ROW_OPS[op.kind])
+    return None
+
+
+_memo: dict[tuple, OpTime] = {}
+
+
+def op_time(op: Op, chip: Chip, launch: str = "graph") -> OpTime:
+    """Memoised by content: identical ops (61 layers, sweep points) cost one simulation."""
+    key = (op.kind, op.unit, tuple(sorted(op.shape.items())), tuple(sorted(op.dtypes.items())), op.flops, op.bytes,
+           repr(chip), launch)
+    hit = _memo.get(key)
+    if hit is None:
+        k = kernel_for(op, chip)
+        if k is not None:
+            r = simulate(k.trace(chip), chip, launch=launch)
+            hit = OpTime(op.name, op.kind, r.time, r.roofline, r.bound, "engine")
+        else:
+            hit = _analytic(op, chip, launch)
+        _memo[key] = hit
+    return OpTime(op.name, hit.kind, hit.time, hit.roofline, hit.bound, hit.model)
+
+
+def _analytic(op: Op, chip: Chip, launch: str) -> OpTime:
+    """Roofline of the op's FLOPs and bytes, each unit at its calibrated efficiency."""
+    eff = chip.efficiency
+    if op.unit == "cube":
+        dt = _scheme(op, chip)
+        compute = op.flops / chip.peak_cube_flops(dt)
+        compute_eff = compute / eff.cube
+    else:
+        compute = op.flops / chip.peak_vector_flops("fp32")
+        compute_eff = compute / eff.vector
+    memory = op.bytes / chip.hbm.bandwidth
+    roof = max(compute, memory)
+    bound = "cube" if op.unit == "cube" and compute >= memory else ("vector" if compute >= memory else "hbm")
+    return OpTime(op.name, op.kind, max(compute_eff, memory / eff.hbm) + launch_cost(chip, launch), roof, bound,
+                  "roofline")

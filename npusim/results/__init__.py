@@ -1,0 +1,1 @@
+"""Layer 5: predictions as typed results, tables (pandas), JSON and Chrome traces."""

@@ -1,0 +1,90 @@
+"""A prediction of one deployment: TTFT, TPOT, throughput, memory per rank and where the time goes."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from npusim.parallel.memory import Memory
+from npusim.parallel.step import StepTime
+
+
+@dataclass(frozen=True)
+class Prediction:
+    system: str
+    model: str
+    plan: str
+    quant: str
+    scenario: dict[str, int]
+    prefill: StepTime
+    decode: StepTime
+    kv_transfer: float  # prefill -> decode instance, per request (0 when co-located)
+    ttft: float
+    tpot: float  # effective seconds per output token (MTP acceptance included, as published)
+    decode_step: float
+    prefill_chips: float
+    decode_chips: float
+    memory: dict[str, Memory]  # per phase
+    tokens_per_s_per_chip: float  # decode output tokens/s per chip
+    prefill_tokens_per_s_per_chip: float
+    overrides: dict[str, str] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, float | str]:
+        return {
+            "ttft_s": self.ttft, "tpot_s": self.tpot, "decode_step_s": self.decode_step,
+            "kv_transfer_s": self.kv_transfer,
+            "decode_tokens_per_s_per_chip": self.tokens_per_s_per_chip,
+            "prefill_tokens_per_s_per_chip": self.prefill_tokens_per_s_per_chip,
+            "prefill_chips": self.prefill_chips, "decode_chips": self.decode_chips,
+            **{f"{phase}_memory_per_rank_bytes": m.total for phase, m in self.memory.items()},
+        }
+
+    def breakdown(self, phase: str) -> pd.DataFrame:
+        """Per op and per collective: time per call, total over the repeated layers, share of the step."""
+        step = self.prefill if phase == "prefill" else self.decode
+        rows = []
+        for lt in step.layers:
+            for t in lt.ops:
+                rows.append({"layer": lt.name, "x": lt.repeat, "op": t.op, "kind": t.kind, "per_call_us": t.time * 1e6,
+                             "total_ms": t.time * lt.repeat * 1e3, "bound": t.bound,
+                             "roofline_us": t.roofline * 1e6, "model": t.model})
+            for name, r in lt.comms:
+                rows.append({"layer": lt.name, "x": lt.repeat, "op": name, "kind": f"comm:{r.algorithm}@{r.tier}",
+                             "per_call_us": r.time * 1e6, "total_ms": r.time * lt.repeat * 1e3, "bound": "link",
+                             "roofline_us": float("nan"), "model": "collective"})
+        frame = pd.DataFrame(rows)
+        if not frame.empty:
+            frame["share_%"] = 100 * frame["total_ms"] / frame["total_ms"].sum()
+        return frame
+
+    def phase_table(self) -> pd.DataFrame:
+        rows = []
+        for phase, step in (("prefill", self.prefill), ("decode", self.decode)):
+            m = self.memory[phase]
+            rows.append({"phase": phase, "step_ms": step.time * 1e3, "compute_ms": step.compute * 1e3,
+                         "comm_ms": step.comm * 1e3, "exposed_comm_ms": step.exposed_comm * 1e3,
+                         "weights_GiB": m.weights / 2**30, "kv_GiB": m.kv_cache / 2**30,
+                         "activations_GiB": m.activations / 2**30, "comm_buffers_GiB": m.comm_buffers / 2**30,
+                         "total_GiB": m.total / 2**30, "usable_GiB": m.capacity / 2**30})
+        return pd.DataFrame(rows)
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "system": self.system, "model": self.model, "plan": self.plan, "quant": self.quant,
+            "scenario": self.scenario, "overrides": self.overrides, "summary": self.summary(),
+            "phases": json.loads(self.phase_table().to_json(orient="records")),
+            "breakdown": {p: json.loads(self.breakdown(p).to_json(orient="records")) for p in ("prefill", "decode")},
+        }, indent=2)
+
+    def chrome_trace(self) -> dict:
+        """One layer of each type, prefill then decode, every stream a track (Perfetto / chrome://tracing)."""
+        events, offset, pid = [], 0.0, 0
+        for phase, step in (("prefill", self.prefill), ("decode", self.decode)):
+            for lt in step.layers:
+                events += lt.timeline.chrome_events(pid=pid, process=f"{phase}: {lt.name} (x{lt.repeat})",
+                                                    offset=offset)
+                offset += lt.time
+                pid += 1
+        return {"traceEvents": events, "displayTimeUnit": "ms"}
