@@ -1,0 +1,60 @@
+"""`npusim predict`: TTFT, TPOT, throughput, memory per rank and the per-op breakdown of one deployment."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from npusim import api
+from npusim.cli import common
+
+
+def register(sub) -> None:
+    p = sub.add_parser("predict", help="TTFT / TPOT / tokens/s per chip / memory of a deployment "
+                                       "(no arguments: DeepSeek-V3.2-Exp at 128K on CloudMatrix384, plans of A17)")
+    d = api.DEFAULT
+    p.add_argument("--hw", default=d["hw"], help=f"system (default {d['hw']})")
+    p.add_argument("--model", default=d["model"], help=f"model name or HF config.json (default {d['model']})")
+    p.add_argument("--plan", default=d["plan"], help=f"plan name or YAML (default {d['plan']})")
+    p.add_argument("--input", type=int, default=d["input"], help=f"prompt tokens (default {d['input']})")
+    p.add_argument("--output", type=int, default=d["output"], help=f"output tokens (default {d['output']})")
+    p.add_argument("--batch", type=int, default=d["batch"], help=f"global decode batch (default {d['batch']})")
+    p.add_argument("--prefill-batch", type=int, default=1, help="prompts prefilled together for TTFT (default 1)")
+    p.add_argument("--context", type=int, default=None, help="decode context (default input + output/2)")
+    p.add_argument("--quant", default=None, help="quantisation preset (default: the model's)")
+    p.add_argument("--top", type=int, default=12, help="rows of the per-op breakdown to print (table format)")
+    p.add_argument("--trace", default=None, metavar="OUT.json", help="write a Chrome trace of one layer per type")
+    common.add_set(p)
+    common.add_format(p)
+    p.set_defaults(run=run)
+
+
+def run(args) -> None:
+    pred = api.predict(args.hw, args.model, args.plan, input=args.input, output=args.output, batch=args.batch,
+                       prefill_batch=args.prefill_batch, context=args.context, quant=args.quant,
+                       overrides=common.parse_overrides(args.overrides))
+    if args.trace:
+        Path(args.trace).write_text(json.dumps(pred.chrome_trace()))
+    if args.format == "json":
+        print(pred.to_json())
+        return
+    if args.format == "csv":
+        frame = pd.concat([pred.breakdown(p).assign(phase=p) for p in ("prefill", "decode")], ignore_index=True)
+        common.emit(frame, "csv")
+        return
+    s = pred.scenario
+    print(f"{pred.model} on {pred.system}, plan {pred.plan}, {pred.quant}: input {s['input']}, output {s['output']}, "
+          f"decode batch {s['batch']} at context {s['context']}, prefill batch {s['prefill_batch']}")
+    print(f"TTFT  {pred.ttft * 1e3:10.1f} ms   (prefill {pred.prefill.time * 1e3:.1f} ms"
+          f" + KV transfer {pred.kv_transfer * 1e3:.1f} ms, {pred.prefill_chips:g} chips)")
+    print(f"TPOT  {pred.tpot * 1e3:10.2f} ms   (decode step {pred.decode_step * 1e3:.2f} ms, {pred.decode_chips:g} chips)")
+    print(f"decode {pred.tokens_per_s_per_chip:10.1f} tokens/s per chip; prefill "
+          f"{pred.prefill_tokens_per_s_per_chip:.1f} tokens/s per chip")
+    print()
+    common.emit(pred.phase_table().round(2), "table", title="per phase (time per step; memory per rank)")
+    for phase in ("prefill", "decode"):
+        frame = pred.breakdown(phase).sort_values("total_ms", ascending=False).head(args.top).round(2)
+        print()
+        common.emit(frame, "table", title=f"{phase}: top {args.top} ops and collectives by total time")
