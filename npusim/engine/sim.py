@@ -336,7 +336,8 @@ class Simulation:
         self.pending.append(token)
 
         def arrive(_event):
-            self.pending.remove(token)
+            # a steady-state jump re-times pending tokens, so find this flag's earliest raise rather than the tuple
+            self.pending.remove(min((t for t in self.pending if t[0] is flag), key=lambda t: t[1]))
             flag.release()
 
         self.env.timeout(delay).callbacks.append(arrive)
