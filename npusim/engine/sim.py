@@ -308,8 +308,9 @@ class Simulation:
         elif ins.src == "gm":
             l2 = ins.bytes * ins.hit
             hbm = ins.bytes - l2
-        elif ins.dst == "gm":
-            hbm = ins.bytes
+        elif ins.dst == "gm":  # write-back L2: a write the tiler marks as re-read soon (workspace) stays in L2
+            l2 = ins.bytes * ins.hit
+            hbm = ins.bytes - l2
         else:
             work = ins.bytes / route
         return Op(ins.op, waits, sets, spec.latency_cycles / clock, work, hbm, l2, route)

@@ -86,6 +86,9 @@ class LightningIndexer(Kernel):
         vflops = chip.aiv.vector.flop_per_cycle["fp32"]
         per_key, fixed = topk_cycles(chip, S, K)
         hit_k = 1 - 1 / max(1, cdiv(T, tpb)) if nbytes(dt, S * D) * B <= chip.l2.size else 0.0
+        # the C->V score workspace (2 slots of rows x bn fp32 per core) is written and read back at once: it stays
+        # in L2 when all cores' slots fit there
+        ws_hit = 1.0 if 2 * 4.0 * rows * bn * chip.aic.count <= chip.l2.size else 0.0
         # block coordinates: blk -> (batch bi, query block qb); env 'first' is the band's first query block
         head = addr(bi=lin(("blk", 1), mod=B), qq=lin(("blk", 1), div=B), qb=lin(("first", 1), ("qq", 1)),
                     tok0=lin(("qb", tpb)), row0=lin(("bi", T * H), ("qb", rows)), kb=lin(("bi", S)))
@@ -120,7 +123,7 @@ class LightningIndexer(Kernel):
                             set=("l0.free", "l0c.full")),
                         ins("fixpipe", "relu_out", Act("fixpipe", Ref(f"ws.s{slot}", (r * c, j * c), (c, c)),
                                                        (Ref("l0c", (0, 0), (c, c)),), "fp32", (("relu", True),)),
-                            bytes=4.0 * c * c, dtype="fp32", src="l0c", dst="gm",
+                            bytes=4.0 * c * c, dtype="fp32", src="l0c", dst="gm", hit=ws_hit,
                             wait=("l0c.full",) + ((f"ws.free{a}",) if r == a * nr // 2 and j == 0 else ()),
                             set=("l0c.free",) + ((f"c2v{a}",) if r == (a + 1) * nr // 2 - 1 and j == bn // c - 1
                                                  else ()))]
@@ -132,7 +135,8 @@ class LightningIndexer(Kernel):
                 ins("mte2", "load_s", Act("load", Ref("ub.s", (0, 0), (H, kc)),
                                           (Ref(f"ws.s{slot}", (lin(("tk", H), base=a * tpa * H), lin(("kc", kc))),
                                                (H, kc)),), "fp32"),
-                    bytes=4.0 * H * kc, dtype="fp32", src="gm", dst="ub", wait=("ub.free",), set=("ub.full",)),
+                    bytes=4.0 * H * kc, dtype="fp32", src="gm", dst="ub", wait=("ub.free",), set=("ub.full",),
+                    hit=ws_hit),
                 ins("vector", "headsum", Act("headsum", Ref("ub.i", (0, lin(("kc", kc))), (1, kc)),
                                              (Ref("ub.s", (0, 0), (H, kc)), Ref("ub.w", (lin(("tk", 1)), 0), (1, H))),
                                              "fp32", (("qpos", lin(("tok0", 1), ("tk", 1), base=a * tpa + S - T)),
