@@ -21,8 +21,9 @@ from npusim.spec.plan import Plan, load_plan
 from npusim.spec.quant import get_quant
 from npusim.spec.system import System, load_system
 
+# The bundled default: DeepSeek-V3.2-Exp BF16 at 128K on CloudMatrix384 with the A17 plans (published.md A17).
 DEFAULT = {"hw": "cloudmatrix384", "model": "deepseek-v3.2-exp", "plan": "v32-a3-pd-a17", "input": 131072,
-           "output": 1024, "batch": 256}
+           "output": 1024, "batch": 256, "quant": "bf16"}
 
 
 def split_overrides(overrides: dict[str, str] | None) -> dict[str, dict[str, str]]:
@@ -39,7 +40,7 @@ def split_overrides(overrides: dict[str, str] | None) -> dict[str, dict[str, str
 
 def predict(hw: str = DEFAULT["hw"], model: str = DEFAULT["model"], plan: str = DEFAULT["plan"], *,
             input: int = DEFAULT["input"], output: int = DEFAULT["output"], batch: int = DEFAULT["batch"],
-            prefill_batch: int = 1, context: int | None = None, quant: str | None = None,
+            prefill_batch: int = 1, context: int | None = None, quant: str | None = DEFAULT["quant"],
             overrides: dict[str, str] | None = None) -> Prediction:
     """TTFT of `prefill_batch` prompts of `input` tokens, and TPOT of a decode step of the global `batch` at
     `context` (default: input + output / 2, the mean context while generating)."""

@@ -23,7 +23,8 @@ def register(sub) -> None:
     p.add_argument("--batch", type=int, default=d["batch"], help=f"global decode batch (default {d['batch']})")
     p.add_argument("--prefill-batch", type=int, default=1, help="prompts prefilled together for TTFT (default 1)")
     p.add_argument("--context", type=int, default=None, help="decode context (default input + output/2)")
-    p.add_argument("--quant", default=None, help="quantisation preset (default: the model's)")
+    p.add_argument("--quant", default=d["quant"], help=f"quantisation preset (default {d['quant']}; 'model' = the "
+                                                       "checkpoint's own format)")
     p.add_argument("--top", type=int, default=12, help="rows of the per-op breakdown to print (table format)")
     p.add_argument("--trace", default=None, metavar="OUT.json", help="write a Chrome trace of one layer per type")
     common.add_set(p)
@@ -33,7 +34,8 @@ def register(sub) -> None:
 
 def run(args) -> None:
     pred = api.predict(args.hw, args.model, args.plan, input=args.input, output=args.output, batch=args.batch,
-                       prefill_batch=args.prefill_batch, context=args.context, quant=args.quant,
+                       prefill_batch=args.prefill_batch, context=args.context,
+                       quant=None if args.quant == "model" else args.quant,
                        overrides=common.parse_overrides(args.overrides))
     if args.trace:
         Path(args.trace).write_text(json.dumps(pred.chrome_trace()))
