@@ -1,0 +1,111 @@
+"""What is deployed: instances and their attention-DP ranks, the prefill-to-decode link, and scheduler switches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from npusim.errors import NpusimError
+
+
+def _positive(obj, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not value > 0:
+            raise NpusimError(f"must be positive, got {value!r}", field=f"{type(obj).__name__.lower()}.{name}")
+
+
+@dataclass(frozen=True)
+class Pool:
+    """Identical instances serving one phase (both when co-located). An instance is `ranks` attention-DP ranks,
+    each with its own batch and KV cache, stepping together."""
+
+    instances: int = 1
+    ranks: int = 1
+
+    def __post_init__(self):
+        _positive(self, "instances", "ranks")
+
+
+@dataclass(frozen=True)
+class Link:
+    """The path a request's KV (and indexer) cache takes from its prefill instance to its decode instance.
+    One link per prefill instance; transfers on it go one at a time, first come first served."""
+
+    bandwidth: float  # bytes/s
+    latency: float = 0.0  # s per transfer
+
+    def __post_init__(self):
+        _positive(self, "bandwidth")
+        if self.latency < 0:
+            raise NpusimError(f"must not be negative, got {self.latency}", field="link.latency")
+
+
+@dataclass(frozen=True)
+class Mtp:
+    """Multi-token prediction: each decode step verifies `depth` draft tokens, each accepted with `acceptance`.
+
+    draw='sequential': drafts are checked in order and the first rejection discards the rest (speculative decoding);
+    'binomial': the number accepted is Binomial(depth, acceptance). Either way a step emits 1 + accepted tokens.
+    """
+
+    depth: int = 0
+    acceptance: float = 0.0
+    draw: Literal["sequential", "binomial"] = "sequential"
+
+    def __post_init__(self):
+        if self.depth < 0:
+            raise NpusimError(f"must not be negative, got {self.depth}", field="mtp.depth")
+        if not 0.0 <= self.acceptance <= 1.0:
+            raise NpusimError(f"must be within [0, 1], got {self.acceptance}", field="mtp.acceptance")
+        if self.draw not in ("sequential", "binomial"):
+            raise NpusimError(f"unknown draw '{self.draw}'; allowed: binomial, sequential", field="mtp.draw")
+
+    @property
+    def tokens_per_seq(self) -> int:
+        return self.depth + 1
+
+    def emitted(self, rng: np.random.Generator, batch: int) -> list[int]:
+        """Tokens each of `batch` sequences emits in one decode step."""
+        if self.depth == 0:
+            return [1] * batch
+        if self.draw == "binomial":
+            accepted = rng.binomial(self.depth, self.acceptance, size=batch)
+        elif self.acceptance >= 1.0:
+            accepted = np.full(batch, self.depth)
+        else:  # leading successes before the first rejection, at most depth
+            accepted = np.minimum(rng.geometric(1.0 - self.acceptance, size=batch) - 1, self.depth)
+        return (accepted + 1).tolist()
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """Instances and scheduler switches.
+
+    Co-located (`decode` is None): the `prefill` pool runs both phases, mixing decode tokens and prompt chunks in one
+    step. Disaggregated: prompts run on `prefill`, then each request's cache crosses `link` to a `decode` rank.
+    `chunk_size` caps the prompt tokens of one sequence per step (chunked prefill); None prefills a prompt whole.
+    `kv_headroom` is the fraction of a rank's KV cache kept free when admitting, so running sequences can grow.
+    """
+
+    prefill: Pool = field(default_factory=Pool)
+    decode: Pool | None = None
+    link: Link | None = None
+    chunk_size: int | None = None
+    mtp: Mtp = field(default_factory=Mtp)
+    kv_headroom: float = 0.01
+
+    def __post_init__(self):
+        if self.decode is not None and self.link is None:
+            raise NpusimError("a disaggregated deployment (decode pool given) needs the prefill-to-decode link",
+                              field="deployment.link")
+        if self.chunk_size is not None and self.chunk_size < 1:
+            raise NpusimError(f"must be at least 1 token, got {self.chunk_size}", field="deployment.chunk_size")
+        if not 0.0 <= self.kv_headroom < 1.0:
+            raise NpusimError(f"must be a fraction in [0, 1), got {self.kv_headroom}", field="deployment.kv_headroom")
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.decode is not None

@@ -1,0 +1,156 @@
+"""What a serving run measured: a row per request, a row per instance step, and their summary against an SLO.
+
+Definitions follow `vllm bench serve`: TTFT = first token - arrival; TPOT = (finish - first token) / (output - 1);
+ITL = gaps between successive token emissions of a request (an MTP step emitting several tokens is one gap);
+end-to-end = finish - arrival. Throughputs are per second of the observation window.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from functools import cached_property
+
+import numpy as np
+import pandas as pd
+
+from npusim.errors import NpusimError
+
+REQUEST_COLUMNS = ("request", "arrival", "input", "output", "prefix_hit", "generated", "preemptions", "prefill_rank",
+                   "decode_rank", "scheduled", "first_token", "finish")
+STEP_COLUMNS = ("time", "instance", "role", "step", "batch", "prefill_tokens", "decode_batch", "queue", "kv_usage")
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Latency limits in seconds; a request meets the SLO when it meets every limit given."""
+
+    ttft: float | None = None
+    tpot: float | None = None
+
+    def __post_init__(self):
+        for name in ("ttft", "tpot"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise NpusimError(f"must be a positive number of seconds, got {value!r}", field=f"slo.{name}")
+
+
+@dataclass(frozen=True)
+class Percentiles:
+    """Mean and tail of one latency, in seconds (NaN when nothing was measured)."""
+
+    mean: float
+    p50: float
+    p90: float
+    p99: float
+
+    @classmethod
+    def of(cls, values) -> Percentiles:
+        values = np.asarray(values, dtype=float)
+        values = values[~np.isnan(values)]
+        if values.size == 0:
+            return cls(math.nan, math.nan, math.nan, math.nan)
+        p50, p90, p99 = np.percentile(values, [50, 90, 99])
+        return cls(float(values.mean()), float(p50), float(p90), float(p99))
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Headline figures of a run."""
+
+    requests: int  # arrived
+    completed: int
+    window: float  # s observed
+    request_throughput: float  # completed requests / s
+    input_throughput: float  # prompt tokens of completed requests / s
+    output_throughput: float  # tokens emitted / s
+    ttft: Percentiles
+    tpot: Percentiles
+    itl: Percentiles
+    e2e: Percentiles
+    slo_attainment: float | None  # share of judged requests meeting the SLO (None without an SLO)
+    goodput: float | None  # requests / s completed within the SLO
+    mean_waiting: float  # requests waiting for admission (a queue), time average over the window
+    mean_in_system: float  # requests arrived and not finished, time average over the window
+    mean_batch: float  # sequences per step, mean over steps
+    kv_usage: float  # share of KV cache in use, mean over steps weighted by step time
+    preemptions: int
+
+
+@dataclass(frozen=True, eq=False)
+class ServingResult:
+    """Per-request table (`requests`), per-step table (`steps`), every inter-token gap (`itl`) and the summary."""
+
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    itl: np.ndarray
+    window: float
+    slo: Slo | None
+    mean_waiting: float  # requests waiting for admission, exact time average over the window
+    mean_in_system: float  # requests arrived and not finished, exact time average over the window
+
+    @classmethod
+    def of(cls, requests: pd.DataFrame, steps: pd.DataFrame, itl: np.ndarray, window: float, slo: Slo | None,
+           mean_waiting: float, mean_in_system: float) -> ServingResult:
+        """Add the derived latency columns to the raw tables."""
+        requests = requests.assign(
+            ttft=requests.first_token - requests.arrival,
+            tpot=(requests.finish - requests.first_token) / (requests.output - 1).where(requests.output > 1),
+            e2e=requests.finish - requests.arrival,
+            queue_wait=requests.scheduled - requests.arrival,
+        )
+        return cls(requests, steps, itl, window, slo, mean_waiting, mean_in_system)
+
+    def met_slo(self) -> pd.Series:
+        """Per request: finished and within every SLO limit (a single-token request has no TPOT to miss)."""
+        r, slo = self.requests, self.slo or Slo()
+        ok = r.finish.notna()
+        if slo.ttft is not None:
+            ok &= r.ttft <= slo.ttft
+        if slo.tpot is not None:
+            ok &= r.tpot.isna() | (r.tpot <= slo.tpot)
+        return ok
+
+    @cached_property
+    def summary(self) -> Summary:
+        r, s, window = self.requests, self.steps, self.window
+        done = r.finish.notna()
+        attainment = goodput = None
+        if self.slo is not None:
+            met = self.met_slo()
+            # unfinished requests count once their TTFT limit has already passed unmet, else they are not judged
+            late = r.first_token.isna() & ((window - r.arrival) > (self.slo.ttft or math.inf))
+            judged = int((done | late).sum())
+            attainment = float(met.sum() / judged) if judged else math.nan
+            goodput = float(met.sum() / window)
+        busy = s.step.sum()
+        return Summary(
+            requests=len(r), completed=int(done.sum()), window=window,
+            request_throughput=float(done.sum() / window),
+            input_throughput=float(r.input[done].sum() / window),
+            output_throughput=float(r.generated.sum() / window),
+            ttft=Percentiles.of(r.ttft), tpot=Percentiles.of(r.tpot), itl=Percentiles.of(self.itl),
+            e2e=Percentiles.of(r.e2e),
+            slo_attainment=attainment, goodput=goodput,
+            mean_waiting=self.mean_waiting, mean_in_system=self.mean_in_system,
+            mean_batch=float(s.batch.mean()) if len(s) else 0.0,
+            kv_usage=float((s.kv_usage * s.step).sum() / busy) if busy else 0.0,
+            preemptions=int(r.preemptions.sum()),
+        )
+
+    def latency_table(self) -> pd.DataFrame:
+        """TTFT, TPOT, ITL and end-to-end latency in milliseconds: mean, p50, p90, p99."""
+        rows = [{"metric": name, **{k: v * 1e3 for k, v in asdict(getattr(self.summary, name)).items()}}
+                for name in ("ttft", "tpot", "itl", "e2e")]
+        return pd.DataFrame(rows).rename(columns=lambda c: c if c == "metric" else f"{c}_ms")
+
+    def to_json(self) -> dict:
+        """The summary (seconds, requests/s, tokens/s) and the SLO, ready for json.dumps."""
+        return {"summary": _finite(asdict(self.summary)), "slo": asdict(self.slo) if self.slo else None}
+
+
+def _finite(tree):
+    """NaN is not JSON: write null."""
+    if isinstance(tree, dict):
+        return {k: _finite(v) for k, v in tree.items()}
+    return None if isinstance(tree, float) and math.isnan(tree) else tree

@@ -1,0 +1,422 @@
+"""Request-level discrete-event simulation (simpy) of a deployment under a load.
+
+Each instance is one simpy process that repeats: every rank forms its batch (continuous batching in the style of
+vLLM / SGLang), the step lasts as long as the slowest rank's (the ranks meet in every MoE all-to-all), then tokens
+are emitted. Time advances one step at a time, never one token at a time, so a run costs O(steps x batch).
+
+Scheduling on a rank, per step:
+  1. decode: every decoding sequence verifies 1 + MTP-depth tokens; if the KV cache cannot take them, the most
+     recently admitted sequence is preempted (its cache freed, recomputed later from its prompt plus the tokens it
+     has produced) until it can;
+  2. prefill: sequences part-way through their prompt get their next chunk, then waiting requests are admitted in
+     arrival order while the batch, the token budget and the KV cache (less `kv_headroom`) allow. Admission reserves
+     the whole prompt's cache; prefix-cache hits are already there and are not recomputed.
+A mixed step (co-located instances) costs its prefill part plus its decode part. The last prompt chunk emits the
+first token. Disaggregated: the prefill rank keeps the cache until a decode rank has admitted the request and the
+cache has crossed the link; a preempted decode sequence is recomputed on a prefill rank.
+Requests and preempted sequences go to the rank with the least KV load (cache held plus prompts queued).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import deque
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from npusim.errors import NpusimError, did_you_mean
+from npusim.serving.deployment import Deployment
+from npusim.serving.load import ClosedLoop, Load, Shape, Trace
+from npusim.serving.result import REQUEST_COLUMNS, STEP_COLUMNS, ServingResult, Slo
+from npusim.serving.stepmodel import StepModel
+
+WAITING, PREFILL, HANDOFF, TRANSFER, DECODE, DONE = "waiting", "prefill", "handoff", "transfer", "decode", "done"
+
+
+IDLE = (0.0, (), ())  # the plan of a rank with nothing to do
+
+
+class Request:
+    """A request's progress through the deployment (mutable simulation state; the result keeps a table of it)."""
+
+    __slots__ = ("id", "arrival", "input", "output", "prefix_hit", "prompt", "prefilled", "generated", "kv", "state",
+                 "scheduled", "times", "finish", "preemptions", "prefill_rank", "decode_rank", "holder", "done")
+
+    def __init__(self, id: int, arrival: float, shape: Shape):
+        self.id, self.arrival = id, arrival
+        self.input, self.output, self.prefix_hit = shape
+        self.prompt = self.input  # tokens that must be in the cache before decoding (grows on recompute)
+        self.prefilled = self.prefix_hit  # prompt tokens in the cache so far
+        self.generated = 0
+        self.kv = 0  # cache tokens held on its current rank
+        self.state = WAITING
+        self.scheduled: float | None = None  # first admission to a prefill step
+        self.times: list[float] = []  # when each step emitted tokens of this request
+        self.finish: float | None = None
+        self.preemptions = 0
+        self.prefill_rank = self.decode_rank = ""
+        self.holder: Rank | None = None  # prefill rank holding the cache during the handoff
+        self.done: simpy.Event | None = None  # closed loop: the user waits on it
+
+
+class Rank:
+    """One attention-DP rank: its own waiting queue, running batch and KV cache."""
+
+    def __init__(self, instance: Instance, index: int, headroom: float):
+        cap = instance.model.capacity
+        self.instance = instance
+        self.name = f"{instance.name}.r{index}"
+        self.kv_tokens = cap.kv_tokens
+        self.admit_limit = int(cap.kv_tokens * (1.0 - headroom))
+        self.max_batch, self.token_budget = cap.max_batch, cap.token_budget
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # in admission order: the last is the first preempted
+        self.kv_used = 0
+        self.queued = 0  # cache tokens the waiting requests will need
+        self.inbound = 0  # admitted requests whose cache is still crossing the link
+
+    def load(self) -> int:
+        return self.kv_used + self.queued
+
+    def enqueue(self, r: Request, front: bool = False) -> None:
+        need = r.kv if r.state is HANDOFF else r.prompt
+        (self.waiting.appendleft if front else self.waiting.append)(r)
+        self.queued += need
+        self.instance.sim.count(waiting=1)
+        self.instance.kick()
+
+    def plan(self):
+        """Form this step's batch: (seconds, decoding requests, [(prefilling request, prompt tokens)])."""
+        if not self.running and not self.waiting:
+            return IDLE
+        inst, sim = self.instance, self.instance.sim
+        tps = sim.deployment.mtp.tokens_per_seq
+        budget = self.token_budget
+        decodes: list[Request] = []
+        chunks: list[tuple[Request, int]] = []
+        if inst.decodes:
+            decodes = [r for r in self.running if r.state is DECODE]
+            while decodes and self.kv_used + len(decodes) * tps > self.kv_tokens:
+                victim = self.running[-1]
+                self.preempt(victim)
+                if victim in decodes:
+                    decodes.remove(victim)
+            del decodes[min(budget // tps, self.max_batch):]
+            budget -= len(decodes) * tps
+        if inst.prefills:
+            for r in self.running:
+                if r.state is PREFILL:
+                    n = self.chunk(r, budget, bool(chunks or decodes))
+                    if n == 0:
+                        break
+                    chunks.append((r, n))
+                    budget -= n
+            self.admit_prompts(chunks, decodes, budget)
+        else:
+            self.admit_handoffs()
+        seconds = 0.0
+        if chunks:
+            seconds += inst.model.prefill_time(sum(n for _, n in chunks), sum(r.prefilled for r, _ in chunks),
+                                               len(chunks))
+        if decodes:
+            context = round(sum(r.kv for r in decodes) / len(decodes)) + 1
+            seconds += inst.model.decode_time(len(decodes), context, tps)
+        return seconds, decodes, chunks
+
+    def chunk(self, r: Request, budget: int, shared: bool) -> int:
+        """Prompt tokens of r to run now: a chunk when chunking, else the whole rest of the prompt (which may
+        exceed the budget only when it runs alone)."""
+        rest = r.prompt - r.prefilled
+        size = self.instance.sim.deployment.chunk_size
+        if size is not None:
+            return max(0, min(rest, size, budget))
+        return rest if rest <= budget or not shared else 0
+
+    def admit_prompts(self, chunks: list, decodes: list, budget: int) -> None:
+        now = self.instance.sim.env.now
+        while self.waiting and budget > 0 and len(self.running) < self.max_batch:
+            r = self.waiting[0]
+            if self.kv_used + r.prompt > (self.admit_limit if self.running else self.kv_tokens):
+                return
+            n = self.chunk(r, budget, bool(chunks or decodes))
+            if n == 0:
+                return
+            self.waiting.popleft()
+            self.queued -= r.prompt
+            self.instance.sim.count(waiting=-1)
+            r.kv = r.prompt
+            self.kv_used += r.kv
+            r.state = PREFILL
+            r.prefill_rank = self.name
+            if r.scheduled is None:
+                r.scheduled = now
+            self.running.append(r)
+            chunks.append((r, n))
+            budget -= n
+
+    def admit_handoffs(self) -> None:
+        sim = self.instance.sim
+        while self.waiting and len(self.running) + self.inbound < self.max_batch:
+            r = self.waiting[0]
+            if self.kv_used + r.kv > (self.admit_limit if self.running or self.inbound else self.kv_tokens):
+                return
+            self.waiting.popleft()
+            self.queued -= r.kv
+            sim.count(waiting=-1)
+            self.kv_used += r.kv
+            self.inbound += 1
+            r.state = TRANSFER
+            r.decode_rank = self.name
+            sim.env.process(sim.transfer(r, self))
+
+    def finish(self, decodes: list[Request], chunks: list[tuple[Request, int]], now: float) -> None:
+        """Apply a finished step: emit tokens, complete requests, hand prompts over to decode."""
+        if decodes:
+            emitted = self.instance.sim.deployment.mtp.emitted(self.instance.sim.mtp_rng, len(decodes))
+            for r, e in zip(decodes, emitted):
+                e = min(e, r.output - r.generated)
+                r.kv += e
+                self.kv_used += e
+                r.generated += e
+                r.times.append(now)
+                if r.generated >= r.output:
+                    self.complete(r, now)
+        for r, n in chunks:
+            r.prefilled += n
+            if r.prefilled < r.prompt:
+                continue
+            r.generated += 1
+            r.times.append(now)
+            if r.generated >= r.output:
+                self.complete(r, now)
+            elif self.instance.decodes:
+                r.state = DECODE
+            else:
+                self.running.remove(r)
+                r.state = HANDOFF
+                r.holder = self
+                self.instance.sim.handoff(r)
+
+    def complete(self, r: Request, now: float) -> None:
+        self.running.remove(r)
+        self.kv_used -= r.kv
+        r.kv = 0
+        r.state = DONE
+        r.finish = now
+        self.instance.sim.finished(r)
+
+    def preempt(self, r: Request) -> None:
+        """Free r's cache; it starts again from its prompt plus what it has produced (recompute)."""
+        self.running.remove(r)
+        self.kv_used -= r.kv
+        r.kv = 0
+        r.preemptions += 1
+        r.prompt = r.input + r.generated
+        r.prefilled = r.prefix_hit
+        r.state = WAITING
+        self.instance.sim.requeue(r, self)
+
+
+class Instance:
+    """Ranks that step together; `role` is 'prefill', 'decode' or 'both' (co-located)."""
+
+    def __init__(self, sim: _Simulation, name: str, role: str, model: StepModel, ranks: int):
+        self.sim, self.name, self.role, self.model = sim, name, role, model
+        self.prefills = role in ("prefill", "both")
+        self.decodes = role in ("decode", "both")
+        self.link = simpy.Resource(sim.env, capacity=1) if role == "prefill" else None
+        self.ranks = [Rank(self, i, sim.deployment.kv_headroom) for i in range(ranks)]
+        self.kv_total = sum(rank.kv_tokens for rank in self.ranks)
+        self.wake = sim.env.event()
+
+    def kick(self) -> None:
+        if not self.wake.triggered:
+            self.wake.succeed()
+
+    def run(self):
+        env, log = self.sim.env, self.sim.steps
+        while True:
+            plans = [rank.plan() for rank in self.ranks]
+            seconds = max(p[0] for p in plans)
+            if seconds == 0.0:  # nothing runnable: sleep until a request, a preempted sequence or a cache arrives
+                self.wake = env.event()
+                yield self.wake
+                continue
+            log.append((env.now, self.name, self.role, seconds,
+                        sum(len(p[1]) + len(p[2]) for p in plans),
+                        sum(n for p in plans for _, n in p[2]),
+                        sum(len(p[1]) for p in plans),
+                        sum(len(rank.waiting) for rank in self.ranks),
+                        sum(rank.kv_used for rank in self.ranks) / self.kv_total))
+            yield env.timeout(seconds)
+            for rank, (_, decodes, chunks) in zip(self.ranks, plans):
+                rank.finish(decodes, chunks, env.now)
+
+
+class _Simulation:
+    def __init__(self, deployment: Deployment, load: Load, models: dict[str, StepModel], seed: int,
+                 requests: int | None, duration: float | None, progress: bool):
+        load_seed, mtp_seed = np.random.SeedSequence(seed).spawn(2)
+        self.load_rng, self.mtp_rng = np.random.default_rng(load_seed), np.random.default_rng(mtp_seed)
+        self.deployment, self.load = deployment, load
+        self.limit, self.duration, self.progress = requests, duration, progress
+        self.env = simpy.Environment()
+        self.requests: list[Request] = []
+        self.steps: list[tuple] = []
+        self.completed = 0
+        self.waiting = self.in_system = 0  # requests waiting for admission / arrived and not finished
+        self.waiting_area = self.in_system_area = 0.0  # their integrals over time
+        self.stamp = 0.0
+        if deployment.disaggregated:
+            self.prefill = [Instance(self, f"p{k}", "prefill", models["prefill"], deployment.prefill.ranks)
+                            for k in range(deployment.prefill.instances)]
+            self.decode = [Instance(self, f"d{k}", "decode", models["decode"], deployment.decode.ranks)
+                           for k in range(deployment.decode.instances)]
+        else:
+            self.prefill = self.decode = [Instance(self, f"i{k}", "both", models["prefill"], deployment.prefill.ranks)
+                                          for k in range(deployment.prefill.instances)]
+        self.entry = [rank for inst in self.prefill for rank in inst.ranks]
+        self.exits = [rank for inst in self.decode for rank in inst.ranks]
+        self.fits = min(rank.kv_tokens for rank in self.entry + self.exits) - deployment.mtp.depth
+        tps = deployment.mtp.tokens_per_seq
+        if self.exits[0].token_budget < tps:
+            raise NpusimError(f"a decode step needs {tps} tokens per sequence (1 + MTP depth) but the token budget "
+                              f"is {self.exits[0].token_budget}", field="capacity.token_budget")
+
+    def submit(self, shape: Shape) -> Request:
+        r = Request(len(self.requests), self.env.now, shape)
+        if r.input + r.output > self.fits:
+            raise NpusimError(f"request {r.id} needs {r.input + r.output} tokens of KV cache (input {r.input} + "
+                              f"output {r.output}) but a rank holds {self.fits}; shorten it or give ranks more memory",
+                              field="load")
+        self.requests.append(r)
+        self.count(in_system=1)
+        min(self.entry, key=Rank.load).enqueue(r)
+        return r
+
+    def handoff(self, r: Request) -> None:
+        min(self.exits, key=Rank.load).enqueue(r)
+
+    def requeue(self, r: Request, rank: Rank) -> None:
+        (rank if rank.instance.prefills else min(self.entry, key=Rank.load)).enqueue(r, front=True)
+
+    def transfer(self, r: Request, dst: Rank):
+        """Carry r's cache over its prefill instance's link; the prefill rank frees it on arrival."""
+        src = r.holder
+        link = self.deployment.link
+        with src.instance.link.request() as turn:
+            yield turn
+            yield self.env.timeout(link.latency + r.kv * src.instance.model.capacity.kv_bytes_per_token
+                                   / link.bandwidth)
+        src.kv_used -= r.kv
+        r.holder = None
+        src.instance.kick()
+        dst.inbound -= 1
+        r.state = DECODE
+        dst.running.append(r)
+        dst.instance.kick()
+
+    def count(self, waiting: int = 0, in_system: int = 0) -> None:
+        """Keep the exact time integrals of the number waiting and the number in the system."""
+        dt = self.env.now - self.stamp
+        self.waiting_area += self.waiting * dt
+        self.in_system_area += self.in_system * dt
+        self.stamp = self.env.now
+        self.waiting += waiting
+        self.in_system += in_system
+
+    def finished(self, r: Request) -> None:
+        self.completed += 1
+        self.count(in_system=-1)
+        if r.done is not None:
+            r.done.succeed()
+        if self.progress and self.completed % 100 == 0:
+            total = f"/{self.limit}" if self.limit else ""
+            sys.stderr.write(f"\rserving: {self.completed}{total} requests done, t = {self.env.now:.1f} s")
+
+    def open_loop(self, arrivals):
+        for t, shape in arrivals:
+            if (self.limit is not None and len(self.requests) >= self.limit) or (
+                    self.duration is not None and t >= self.duration):
+                return
+            yield self.env.timeout(t - self.env.now)
+            self.submit(shape)
+
+    def user(self, shapes):
+        while self.limit is None or len(self.requests) < self.limit:
+            r = self.submit(next(shapes))
+            r.done = self.env.event()
+            yield r.done
+
+    def run(self) -> float:
+        if isinstance(self.load, ClosedLoop):
+            shapes = self.load.shapes(self.load_rng)
+            for _ in range(self.load.concurrency):
+                self.env.process(self.user(shapes))
+        else:
+            self.env.process(self.open_loop(self.load.arrivals(self.load_rng)))
+        for inst in dict.fromkeys(self.prefill + self.decode):
+            self.env.process(inst.run())
+        self.env.run(until=self.duration)
+        self.count()
+        if self.progress:
+            sys.stderr.write("\n")
+        return self.env.now
+
+
+def simulate(deployment: Deployment, load: Load, step_model: StepModel | Mapping[str, StepModel], seed: int = 0, *,
+             requests: int | None = None, duration: float | None = None, slo: Slo | None = None,
+             progress: bool = False) -> ServingResult:
+    """Serve `load` on `deployment` and measure every request.
+
+    step_model: one model for every instance, or {'prefill': ..., 'decode': ...} when the two pools run different
+    plans. Stop after `requests` requests have arrived and all finished, or observe the window [0, duration)
+    (requests still running then are reported unfinished); a trace with neither replays all its rows.
+    """
+    if requests is not None and duration is not None:
+        raise NpusimError("give a request count or a duration, not both", field="requests")
+    if requests is None and duration is None and not isinstance(load, Trace):
+        raise NpusimError("give a request count or a duration (only a trace can run to its end)", field="requests")
+    if requests is not None and requests < 1:
+        raise NpusimError(f"must be at least 1, got {requests}", field="requests")
+    if duration is not None and not duration > 0:
+        raise NpusimError(f"must be positive, got {duration}", field="duration")
+    models = _phase_models(step_model)
+    if not deployment.disaggregated and models["prefill"] is not models["decode"]:
+        raise NpusimError("a co-located deployment runs both phases on one plan: give one step model",
+                          field="step_model")
+    sim = _Simulation(deployment, load, models, seed, requests, duration, progress)
+    window = sim.run()
+    return ServingResult.of(_request_table(sim.requests), pd.DataFrame(sim.steps, columns=list(STEP_COLUMNS)),
+                            _gaps(sim.requests), window=window, slo=slo,
+                            mean_waiting=sim.waiting_area / window, mean_in_system=sim.in_system_area / window)
+
+
+def _request_table(requests: list[Request]) -> pd.DataFrame:
+    nan = float("nan")
+    return pd.DataFrame(
+        [(r.id, r.arrival, r.input, r.output, r.prefix_hit, r.generated, r.preemptions, r.prefill_rank, r.decode_rank,
+          nan if r.scheduled is None else r.scheduled, r.times[0] if r.times else nan,
+          nan if r.finish is None else r.finish) for r in requests],
+        columns=list(REQUEST_COLUMNS))
+
+
+def _gaps(requests: list[Request]) -> np.ndarray:
+    """Every inter-token latency: the gaps between successive emissions of each request."""
+    gaps = [np.diff(r.times) for r in requests if len(r.times) > 1]
+    return np.concatenate(gaps) if gaps else np.empty(0)
+
+
+def _phase_models(step_model) -> dict[str, StepModel]:
+    if isinstance(step_model, Mapping):
+        unknown = set(step_model) - {"prefill", "decode"}
+        if unknown:
+            name = sorted(unknown)[0]
+            raise NpusimError(f"unknown phase '{name}'{did_you_mean(name, ['prefill', 'decode'])}", field="step_model")
+        if set(step_model) != {"prefill", "decode"}:
+            raise NpusimError("give a step model for both 'prefill' and 'decode'", field="step_model")
+        return dict(step_model)
+    return {"prefill": step_model, "decode": step_model}

@@ -1,0 +1,196 @@
+"""Request-level serving simulation: queueing laws, solo-request exactness, overload, determinism, KV pressure."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from npusim.errors import NpusimError
+from npusim.serving import (AnalyticStepModel, Capacity, ClosedLoop, Deployment, Fixed, GridStepModel, Link,
+                            LogNormal, Mtp, OpenLoop, Pool, Slo, Uniform, simulate)
+
+CAP = Capacity(kv_bytes_per_token=70e3, kv_capacity=10e9, max_batch=8, token_budget=4096)
+MODEL = AnalyticStepModel(CAP)
+CO_LOCATED = Deployment(prefill=Pool(instances=1, ranks=2))
+SATURATION = 17.75  # requests/s of CO_LOCATED at 1024 in / 64 out (closed loop, 64 users)
+
+
+def solo(deployment, input_tokens, output_tokens, prefix_hit=0.0, model=MODEL):
+    return simulate(deployment, ClosedLoop(1, Fixed(input_tokens), Fixed(output_tokens), prefix_hit=prefix_hit),
+                    model, seed=0, requests=3)
+
+
+def solo_tpot(model, input_tokens, output_tokens):
+    return np.mean([model.decode_time(1, input_tokens + j) for j in range(1, output_tokens)])
+
+
+def test_one_request_at_a_time_takes_the_step_models_solo_times():
+    r = solo(CO_LOCATED, 3000, 50).requests
+    assert r.ttft.tolist() == pytest.approx([MODEL.prefill_time(3000, 0, 1)] * 3, rel=1e-12)
+    assert r.tpot.tolist() == pytest.approx([solo_tpot(MODEL, 3000, 50)] * 3, rel=1e-12)
+    assert r.queue_wait.tolist() == [0.0, 0.0, 0.0]
+
+
+def test_prefix_hits_and_chunks_change_solo_ttft_as_the_step_model_says():
+    hit = solo(CO_LOCATED, 3000, 5, prefix_hit=0.5).requests
+    assert hit.ttft.iloc[0] == pytest.approx(MODEL.prefill_time(1500, 1500, 1), rel=1e-12)
+    chunked = solo(Deployment(prefill=Pool(), chunk_size=1024), 3000, 5).requests
+    expect = MODEL.prefill_time(1024, 0, 1) + MODEL.prefill_time(1024, 1024, 1) + MODEL.prefill_time(952, 2048, 1)
+    assert chunked.ttft.iloc[0] == pytest.approx(expect, rel=1e-12)
+
+
+def test_disaggregated_solo_request_pays_the_cache_transfer_once():
+    link = Link(bandwidth=50e9, latency=20e-6)
+    deployment = Deployment(prefill=Pool(), decode=Pool(ranks=2), link=link)
+    r = solo(deployment, 3000, 50).requests
+    transfer = link.latency + 3000 * CAP.kv_bytes_per_token / link.bandwidth
+    assert r.ttft.iloc[0] == pytest.approx(MODEL.prefill_time(3000, 0, 1), rel=1e-12)
+    assert r.tpot.iloc[0] == pytest.approx(solo_tpot(MODEL, 3000, 50) + transfer / 49, rel=1e-12)
+    assert r.prefill_rank.iloc[0] == "p0.r0" and r.decode_rank.iloc[0].startswith("d0.")
+
+
+@pytest.mark.parametrize("load", [0.5, 0.8])
+def test_littles_law_holds_on_the_queue_and_the_system(load):
+    rate = load * SATURATION
+    result = simulate(CO_LOCATED, OpenLoop(rate, Fixed(1024), Fixed(64)), MODEL, seed=0, duration=400)
+    r = result.requests
+    assert result.mean_waiting == pytest.approx(rate * r.queue_wait.mean(), rel=0.03)
+    assert result.mean_in_system == pytest.approx(rate * r.e2e.mean(), rel=0.03)
+
+
+def test_past_capacity_queue_and_ttft_grow_without_bound_while_throughput_saturates():
+    def run(rate, n):
+        return simulate(CO_LOCATED, OpenLoop(rate, Fixed(1024), Fixed(64)), MODEL, seed=0, requests=n).summary
+
+    under = [run(0.6 * SATURATION, n) for n in (300, 600)]
+    over = [run(2.0 * SATURATION, n) for n in (300, 600)]
+    assert under[1].ttft.mean < 1.3 * under[0].ttft.mean
+    assert over[1].ttft.mean > 1.8 * over[0].ttft.mean  # twice the requests, twice the backlog
+    assert over[1].mean_waiting > 1.8 * over[0].mean_waiting
+    assert over[1].request_throughput == pytest.approx(SATURATION, rel=0.1)
+    assert over[0].request_throughput == pytest.approx(over[1].request_throughput, rel=0.05)
+    assert run(4.0 * SATURATION, 600).request_throughput == pytest.approx(over[1].request_throughput, rel=0.05)
+
+
+def busy_run(seed):
+    deployment = Deployment(prefill=Pool(instances=2, ranks=2), chunk_size=512, mtp=Mtp(depth=2, acceptance=0.7))
+    load = OpenLoop(10.0, LogNormal(900, 0.8, high=8000), Uniform(8, 200), cv=2.5, prefix_hit=0.2)
+    return simulate(deployment, load, MODEL, seed=seed, requests=300)
+
+
+def test_identical_seeds_give_identical_results():
+    a, b, c = busy_run(7), busy_run(7), busy_run(8)
+    pd.testing.assert_frame_equal(a.requests, b.requests)
+    pd.testing.assert_frame_equal(a.steps, b.steps)
+    assert np.array_equal(a.itl, b.itl)
+    assert not a.requests.ttft.equals(c.requests.ttft)
+
+
+def test_kv_exhaustion_preempts_and_admission_control_holds_requests_back():
+    small = Capacity(kv_bytes_per_token=70e3, kv_capacity=70e3 * 6000, max_batch=16, token_budget=8192)
+    result = simulate(Deployment(prefill=Pool(), kv_headroom=0.0), ClosedLoop(16, Fixed(1000), Fixed(1500)),
+                      AnalyticStepModel(small), seed=0, requests=60)
+    r, steps = result.requests, result.steps
+    assert r.preemptions.sum() > 0 and result.summary.preemptions == r.preemptions.sum()
+    assert r.finish.notna().all() and (r.generated == r.output).all()  # recomputed requests still finish
+    assert steps.kv_usage.max() <= 1.0
+    assert (steps.queue > 0).any() and steps.batch.max() < 16  # the cache, not max_batch, limited the batch
+
+
+def test_a_request_larger_than_a_ranks_cache_is_refused():
+    small = Capacity(kv_bytes_per_token=70e3, kv_capacity=70e3 * 2000, max_batch=16, token_budget=8192)
+    with pytest.raises(NpusimError, match="needs 2500 tokens of KV cache"):
+        simulate(CO_LOCATED, ClosedLoop(1, Fixed(2000), Fixed(500)), AnalyticStepModel(small), requests=1)
+
+
+@pytest.mark.parametrize("draw", ["sequential", "binomial"])
+def test_mtp_emits_one_plus_accepted_drafts_per_step(draw):
+    def steps_per_request(acceptance):
+        d = Deployment(mtp=Mtp(depth=3, acceptance=acceptance, draw=draw))
+        r = solo(d, 1000, 401).requests
+        return r.tpot.iloc[0] * 400 / MODEL.decode_time(1, 1200, 4)
+
+    assert steps_per_request(1.0) == pytest.approx(100, rel=0.01)  # 4 tokens every step
+    assert steps_per_request(0.0) == pytest.approx(400, rel=0.01)  # drafts all rejected
+    mean_tokens = 1 + (0.6 + 0.6**2 + 0.6**3 if draw == "sequential" else 3 * 0.6)
+    assert steps_per_request(0.6) == pytest.approx(400 / mean_tokens, rel=0.1)
+
+
+def test_attention_dp_ranks_share_the_load():
+    deployment = Deployment(prefill=Pool(instances=2, ranks=4))
+    r = simulate(deployment, OpenLoop(20.0, Fixed(1024), Fixed(64)), MODEL, seed=1, requests=800).requests
+    counts = r.prefill_rank.value_counts()
+    assert len(counts) == 8 and counts.max() < 1.5 * counts.min()
+
+
+def test_slo_goodput_and_json():
+    result = simulate(CO_LOCATED, OpenLoop(0.8 * SATURATION, Fixed(1024), Fixed(64)), MODEL, seed=0,
+                      requests=400, slo=Slo(ttft=0.5, tpot=0.02))
+    s = result.summary
+    met = result.met_slo()
+    assert s.slo_attainment == pytest.approx(met.mean())
+    assert s.goodput == pytest.approx(met.sum() / result.window)
+    assert s.goodput <= s.request_throughput
+    payload = json.loads(json.dumps(result.to_json()))
+    assert payload["summary"]["ttft"]["p99"] == pytest.approx(s.ttft.p99)
+    assert list(result.latency_table().metric) == ["ttft", "tpot", "itl", "e2e"]
+
+
+def test_unfinished_requests_are_reported_not_dropped():
+    result = simulate(CO_LOCATED, OpenLoop(2.0 * SATURATION, Fixed(1024), Fixed(64)), MODEL, seed=0, duration=20,
+                      slo=Slo(ttft=1.0))
+    s = result.summary
+    assert s.completed < s.requests and result.requests.finish.isna().sum() == s.requests - s.completed
+    assert 0.0 <= s.slo_attainment < 1.0
+
+
+def test_grid_step_model_is_exact_on_nodes_close_between_and_monotone():
+    """Within 2 % where the model is smooth in the axis, 5 % across the roofline's kinks (4 points per octave)."""
+    grid = GridStepModel(MODEL)
+    assert grid.decode_time(16, 2048) == MODEL.decode_time(16, 2048)
+    assert grid.prefill_time(1024, 0, 1) == MODEL.prefill_time(1024, 0, 1)
+    rng = np.random.default_rng(0)
+    for batch, context in rng.integers(1, [8, 140000], size=(200, 2)):
+        assert grid.decode_time(batch, context) == pytest.approx(MODEL.decode_time(batch, context), rel=0.02)
+        assert grid.decode_time(batch, context + 37) >= grid.decode_time(batch, context)
+        assert grid.decode_time(min(batch + 1, 8), context) >= grid.decode_time(batch, context)
+    for new, cached in rng.integers(1, [4096, 100000], size=(200, 2)):
+        assert grid.prefill_time(new, cached, 1) == pytest.approx(MODEL.prefill_time(new, cached, 1), rel=0.05)
+        assert grid.prefill_time(new + 100, cached, 1) >= grid.prefill_time(new, cached, 1)
+
+
+def test_grid_never_asks_for_a_shape_beyond_the_rank():
+    asked = []
+
+    class Recording(AnalyticStepModel):
+        def decode_time(self, batch, context, tokens_per_seq=1):
+            asked.append((batch, context))
+            return super().decode_time(batch, context, tokens_per_seq)
+
+    GridStepModel(Recording(CAP)).decode_time(7, CAP.kv_tokens - 5)
+    assert max(b for b, _ in asked) <= CAP.max_batch and max(c for _, c in asked) <= CAP.kv_tokens
+
+
+def test_a_serving_run_through_the_grid_matches_the_direct_model():
+    load = OpenLoop(10.0, Fixed(1024), Fixed(64))
+    direct = simulate(CO_LOCATED, load, MODEL, seed=3, requests=300).summary
+    grid = GridStepModel(MODEL)
+    via_grid = simulate(CO_LOCATED, load, grid, seed=3, requests=300).summary
+    assert via_grid.ttft.mean == pytest.approx(direct.ttft.mean, rel=0.02)
+    assert via_grid.tpot.mean == pytest.approx(direct.tpot.mean, rel=0.02)
+    assert grid.evaluations < 100
+
+
+def test_bad_arguments_are_one_sentence():
+    load = OpenLoop(1.0, Fixed(10), Fixed(10))
+    with pytest.raises(NpusimError, match="not both"):
+        simulate(CO_LOCATED, load, MODEL, requests=1, duration=1.0)
+    with pytest.raises(NpusimError, match="request count or a duration"):
+        simulate(CO_LOCATED, load, MODEL)
+    with pytest.raises(NpusimError, match="did you mean 'decode'"):
+        simulate(CO_LOCATED, load, {"prefill": MODEL, "decod": MODEL}, requests=1)
+    with pytest.raises(NpusimError, match="link"):
+        Deployment(decode=Pool())
+    with pytest.raises(NpusimError, match="rate"):
+        OpenLoop(0.0, Fixed(10), Fixed(10))

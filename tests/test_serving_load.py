@@ -1,0 +1,95 @@
+"""Load generation for the serving simulation: trace files, length distributions, arrival processes, figures."""
+
+import numpy as np
+import pytest
+
+from npusim.errors import NpusimError
+from npusim.serving import (AnalyticStepModel, Capacity, ClosedLoop, Deployment, Fixed, LogNormal, OpenLoop, Pool,
+                            Sampled, Slo, Uniform, read_trace, simulate)
+from npusim.serving.plots import latency_cdfs, timeline
+
+MODEL = AnalyticStepModel(Capacity(kv_bytes_per_token=70e3, kv_capacity=10e9, max_batch=8, token_budget=4096))
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_csv_and_jsonl_traces_replay_at_their_arrival_times(tmp_path):
+    csv = write(tmp_path, "t.csv", "arrival,input,output,prefix_hit\n0.0,1000,20,0\n0.5,2000,10,1500\n2.0,300,5,\n")
+    jsonl = write(tmp_path, "t.jsonl", '{"arrival": 0.0, "input": 1000, "output": 20, "prefix_hit": 0}\n\n'
+                                      '{"arrival": 0.5, "input": 2000, "output": 10, "prefix_hit": 1500}\n'
+                                      '{"arrival": 2.0, "input": 300, "output": 5}\n')
+    a, b = read_trace(csv), read_trace(jsonl)
+    assert a.arrival == b.arrival == (0.0, 0.5, 2.0) and a.prefix_hit == b.prefix_hit == (0, 1500, 0)
+    r = simulate(Deployment(), a, MODEL).requests  # a trace runs to its end by default
+    assert r.arrival.tolist() == [0.0, 0.5, 2.0] and r.prefix_hit.tolist() == [0, 1500, 0]
+    assert r.finish.notna().all()
+    assert len(simulate(Deployment(), a, MODEL, requests=2).requests) == 2
+
+
+@pytest.mark.parametrize("name, text, line, words", [
+    ("bad.csv", "arrival,input,output\n0,100,10\n1,abc,10\n", 3, "input 'abc' is not a token count"),
+    ("bad.csv", "arrival,input,output\n0,100,10\n1,100\n", 3, "missing output"),
+    ("bad.csv", "arrival,input,output\n0,100,10\n1,100,10,7\n", 3, "has 4 fields, the header has 3"),
+    ("bad.csv", "arrival,input\n0,100\n", 1, "missing output"),
+    ("bad.csv", "arrival,input,output\n2,100,10\n1,100,10\n", 3, "sort the trace"),
+    ("bad.csv", "arrival,input,output,prefix_hit\n0,100,10,100\n", 2, "prefix_hit 100 must be below input 100"),
+    ("bad.csv", "arrival,input,output\n-1,100,10\n", 2, "finite time >= 0"),
+    ("bad.csv", "arrival,input,output\n0,100,0\n", 2, "output '0' must be a whole number >= 1"),
+    ("bad.jsonl", '{"arrival": 0, "input": 5, "output": 5}\n{"arrival": 1, "input": 5,\n', 2, "is not valid JSON"),
+    ("bad.jsonl", '[0, 5, 5]\n', 1, "must be a JSON object"),
+    ("bad.jsonl", '{"arrival": 0, "input": 5.5, "output": 5}\n', 1, "input 5.5 must be a whole number"),
+])
+def test_a_malformed_trace_names_the_file_and_line(tmp_path, name, text, line, words):
+    path = write(tmp_path, name, text)
+    with pytest.raises(NpusimError) as err:
+        read_trace(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: line {line}: ") and words in message
+
+
+def test_missing_or_empty_trace_files(tmp_path):
+    with pytest.raises(NpusimError, match="cannot read the trace"):
+        read_trace(tmp_path / "absent.csv")
+    with pytest.raises(NpusimError, match="no requests"):
+        read_trace(write(tmp_path, "empty.csv", "arrival,input,output\n"))
+
+
+def test_length_distributions():
+    rng = np.random.default_rng(0)
+    assert (Fixed(7).sample(rng, 5) == 7).all()
+    u = Uniform(10, 20).sample(rng, 10000)
+    assert u.min() == 10 and u.max() == 20
+    ln = LogNormal(1000, 1.0, high=50000).sample(rng, 20000)
+    assert np.median(ln) == pytest.approx(1000, rel=0.05) and ln.max() <= 50000 and ln.min() >= 1
+    s = Sampled((3, 9)).sample(rng, 1000)
+    assert set(s.tolist()) == {3, 9}
+    with pytest.raises(NpusimError, match="low <= high"):
+        Uniform(5, 2)
+
+
+@pytest.mark.parametrize("cv", [1.0, 3.0])
+def test_open_loop_arrivals_have_the_asked_rate_and_burstiness(cv):
+    arrivals = OpenLoop(50.0, Fixed(1), Fixed(1), cv=cv).arrivals(np.random.default_rng(0))
+    times = np.array([next(arrivals)[0] for _ in range(20000)])
+    gaps = np.diff(times)
+    assert 1 / gaps.mean() == pytest.approx(50.0, rel=0.05)
+    assert gaps.std() / gaps.mean() == pytest.approx(cv, rel=0.1)
+
+
+def test_closed_loop_keeps_the_concurrency():
+    result = simulate(Deployment(prefill=Pool(ranks=2)), ClosedLoop(6, Uniform(200, 800), Fixed(30)), MODEL,
+                      seed=0, requests=120)
+    assert result.mean_in_system == pytest.approx(6, rel=0.05)
+    assert result.requests.finish.notna().all()
+
+
+def test_figures_render_headless(tmp_path):
+    result = simulate(Deployment(), OpenLoop(5.0, Fixed(500), Fixed(20)), MODEL, seed=0, requests=50,
+                      slo=Slo(ttft=0.2, tpot=0.02))
+    for fig, name in ((latency_cdfs(result), "cdf.png"), (timeline(result), "timeline.png")):
+        fig.savefig(tmp_path / name)
+        assert (tmp_path / name).stat().st_size > 10000
