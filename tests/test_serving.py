@@ -194,3 +194,14 @@ def test_bad_arguments_are_one_sentence():
         Deployment(decode=Pool())
     with pytest.raises(NpusimError, match="rate"):
         OpenLoop(0.0, Fixed(10), Fixed(10))
+
+
+def test_disaggregated_decode_preemption_recomputes_on_a_prefill_rank():
+    tight = Capacity(kv_bytes_per_token=70e3, kv_capacity=70e3 * 8000, max_batch=16, token_budget=8192)
+    deployment = Deployment(prefill=Pool(ranks=2), decode=Pool(), link=Link(bandwidth=50e9), kv_headroom=0.0)
+    result = simulate(deployment, ClosedLoop(12, Fixed(1500), Fixed(1200)),
+                      {"prefill": MODEL, "decode": AnalyticStepModel(tight)}, seed=0, requests=40)
+    r = result.requests
+    assert r.preemptions.sum() > 0
+    assert r.finish.notna().all() and (r.generated == r.output).all()
+    assert result.steps[result.steps.role == "decode"].kv_usage.max() <= 1.0

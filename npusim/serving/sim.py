@@ -29,7 +29,7 @@ import simpy
 
 from npusim.errors import NpusimError, did_you_mean
 from npusim.serving.deployment import Deployment
-from npusim.serving.load import ClosedLoop, Load, Shape, Trace
+from npusim.serving.load import BLOCK, ClosedLoop, Load, Shape, Trace
 from npusim.serving.result import REQUEST_COLUMNS, STEP_COLUMNS, ServingResult, Slo
 from npusim.serving.stepmodel import StepModel
 
@@ -175,8 +175,7 @@ class Rank:
     def finish(self, decodes: list[Request], chunks: list[tuple[Request, int]], now: float) -> None:
         """Apply a finished step: emit tokens, complete requests, hand prompts over to decode."""
         if decodes:
-            emitted = self.instance.sim.deployment.mtp.emitted(self.instance.sim.mtp_rng, len(decodes))
-            for r, e in zip(decodes, emitted):
+            for r, e in zip(decodes, self.instance.sim.emitted(len(decodes))):
                 e = min(e, r.output - r.generated)
                 r.kv += e
                 self.kv_used += e
@@ -267,6 +266,7 @@ class _Simulation:
         self.requests: list[Request] = []
         self.steps: list[tuple] = []
         self.completed = 0
+        self.drafts: list[int] = []  # MTP tokens emitted per sequence-step, drawn in blocks and consumed in order
         self.waiting = self.in_system = 0  # requests waiting for admission / arrived and not finished
         self.waiting_area = self.in_system_area = 0.0  # their integrals over time
         self.stamp = 0.0
@@ -318,6 +318,14 @@ class _Simulation:
         r.state = DECODE
         dst.running.append(r)
         dst.instance.kick()
+
+    def emitted(self, batch: int) -> list[int]:
+        """Tokens each of `batch` decoding sequences emits this step."""
+        if len(self.drafts) < batch:
+            self.drafts = self.deployment.mtp.emitted(self.mtp_rng, max(batch, BLOCK))[::-1] + self.drafts
+        taken = self.drafts[-batch:]
+        del self.drafts[-batch:]
+        return taken
 
     def count(self, waiting: int = 0, in_system: int = 0) -> None:
         """Keep the exact time integrals of the number waiting and the number in the system."""

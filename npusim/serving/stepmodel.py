@@ -116,11 +116,15 @@ class GridStepModel:
     _nodes: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # grid node -> wrapped time
     _seen: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # query -> interpolated time
+    _tops: dict = field(init=False, repr=False, compare=False)  # per phase, the rank's limit on each axis
 
     def __post_init__(self):
         if self.points_per_octave < 1:
             raise NpusimError(f"must be at least 1, got {self.points_per_octave}", field="points_per_octave")
         object.__setattr__(self, "_nodes", _log_nodes(self.points_per_octave))
+        cap = self.model.capacity
+        object.__setattr__(self, "_tops", {"prefill": (cap.kv_tokens, cap.kv_tokens, cap.max_batch),
+                                           "decode": (cap.max_batch, cap.kv_tokens, None)})
 
     @property
     def capacity(self) -> Capacity:
@@ -153,13 +157,13 @@ class GridStepModel:
             self._memo[key] = value
         return value
 
-    def _interpolate(self, phase: str, x: float, y: float, z: float, tops: tuple[int, int, int | None]) -> float:
+    def _interpolate(self, phase: str, x: float, y: float, z: float) -> float:
         """Nested linear interpolation, each as lo + w * (hi - lo): exact where nodes are equal, so rounding can
         never make the result decrease."""
         query = (phase, x, y, z)
         value = self._seen.get(query)
         if value is None:
-            brackets = [self._bracket(v, top) for v, top in zip((x, y, z), tops)]
+            brackets = [self._bracket(v, top) for v, top in zip((x, y, z), self._tops[phase])]
             value = self._lerp(phase, brackets, ())
             self._seen[query] = value
         return value
@@ -172,11 +176,7 @@ class GridStepModel:
         return low if lo == hi else low + w * (self._lerp(phase, brackets, (*fixed, hi)) - low)
 
     def prefill_time(self, new_tokens: int, cached_tokens: int, batch: int) -> float:
-        cap = self.model.capacity
-        return self._interpolate("prefill", new_tokens, cached_tokens, batch,
-                                 (cap.kv_tokens, cap.kv_tokens, cap.max_batch))
+        return self._interpolate("prefill", new_tokens, cached_tokens, batch)
 
     def decode_time(self, batch: int, context: int, tokens_per_seq: int = 1) -> float:
-        cap = self.model.capacity
-        return self._interpolate("decode", batch, context, tokens_per_seq, (cap.max_batch, cap.kv_tokens, None))
-
+        return self._interpolate("decode", batch, context, tokens_per_seq)
