@@ -1,0 +1,132 @@
+"""Regenerate the serving validation table: npusim's predictions beside every published serving row it can express.
+
+Run: python experiments/validate.py   -> experiments/results/validation.{csv,md}
+Rows come from shared/reference/published.md (A15-A23) and the cann-recipes tables quoted in models.md §3.3.
+`kind`: doc = a vendor-documented measurement; bound = an upper-bound claim ("TTFT < 2 s"), judged met / missed.
+No parameter is fitted per row; errors are reported as they come, good or bad.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from npusim import api
+from npusim.errors import NpusimError
+
+OUT = Path(__file__).parent / "results"
+MTP1 = {"plan.mtp.depth": "1", "plan.mtp.acceptance": "0.7"}
+# Context of a decode step = keys the first new token sees; at 1M the MTP drafts must stay within the 1M positions.
+
+
+def ranks(n: int) -> dict[str, str]:
+    """A decode instance of n ranks, attention DP n + MoE EP n."""
+    return {"plan.decode.ranks": str(n), "plan.decode.attention.dp": str(n), "plan.decode.moe.ep": str(n)}
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    what: str
+    metric: str  # ttft | prefill | tpot
+    published: float  # seconds
+    kind: str  # doc | bound
+    hw: str
+    model: str
+    plan: str
+    quant: str
+    input: int = 4096
+    output: int = 1
+    batch: int = 1
+    prefill_batch: int = 1
+    context: int | None = None
+    overrides: dict[str, str] = field(default_factory=dict)
+
+
+V32, V31, FLASH, PRO = "deepseek-v3.2-exp", "deepseek-v3.1", "deepseek-v4-flash", "deepseek-v4-pro"
+CM, POD = "cloudmatrix384", "atlas-950-superpod"
+NO_MB = {"plan.streams.two_microbatch": "false", "plan.prefill.microbatches": "1"}
+ROWS = [
+    Row("A15", "R1 W8A8 prefill, 32 ranks, 64 x 4K, no microbatch", "prefill", 3.128, "doc", CM, V31,
+        "r1-a3-prefill-a15", "w8a8", prefill_batch=64, overrides=NO_MB),
+    Row("A15", "R1 W8A8 prefill, 32 ranks, 64 x 4K, 2 microbatches", "prefill", 2.512, "doc", CM, V31,
+        "r1-a3-prefill-a15", "w8a8", prefill_batch=64),
+    Row("A16", "R1 W8A8C8 decode, 128 ranks, batch 6144, MTP1", "tpot", 0.0449, "doc", CM, V31, "r1-a3-decode-a16",
+        "w8a8c8", batch=6144, context=4096),
+    Row("A17", "V3.2 BF16 TTFT at 128K, prefill CP64", "ttft", 2.0, "bound", CM, V32, "v32-a3-pd-a17", "bf16",
+        input=131072),
+    Row("A17", "V3.2 BF16 TPOT at 128K, decode DP128+EP128, batch 256", "tpot", 0.030, "bound", CM, V32,
+        "v32-a3-pd-a17", "bf16", input=131072, batch=256, context=131072),
+    Row("A17", "V3.2 W8A8C8 TPOT at 128K, MTP3, batch 256", "tpot", 0.020, "bound", CM, V32,
+        "v32-a3-decode-w8a8c8-mtp3", "w8a8c8", batch=256, context=131072),
+    *[Row(i, f"V3.2 W8A8C8 decode 128 ranks, MTP3, {c // 1024}K, batch {b}", "tpot", t, "doc", CM, V32,
+          "v32-a3-decode-w8a8c8-mtp3", "w8a8c8", batch=b, context=c)
+      for i, c, b, t in (("A18", 65536, 256, 0.01984), ("A19", 65536, 512, 0.02278), ("A20", 131072, 128, 0.01885),
+                         ("A21", 131072, 512, 0.0258))],
+    *[Row("CRI", f"V3.2 {q.upper()} decode {n} ranks, MTP3, 64K, batch {b}", "tpot", t, "doc", CM, V32,
+          "v32-a3-decode-w8a8c8-mtp3", q, batch=b, context=65536, overrides=ranks(n))
+      for n, b, q, t in ((64, 64, "w8a8c8", 0.02081), (64, 64, "w4a8c8", 0.02018), (32, 32, "w8a8c8", 0.02439),
+                         (32, 32, "w4a8c8", 0.02251))],
+    *[Row("A23", f"V4-Flash 16 x 950DT, 8K, batch {b}, MTP{m}", "tpot", t, "doc", POD, FLASH, "v4flash-950dt-a23",
+          "mxfp8-mxfp4", batch=b, context=8192, overrides=MTP1 if m == 1 else {})
+      for b, m, t in ((16, 3, 0.00655), (256, 3, 0.00878), (1536, 1, 0.01646), (2880, 1, 0.02554))],
+    *[Row("CRI", f"V4-Flash 16 x 950DT, {c // 1024}K, batch {b}", "tpot", t, "doc", POD, FLASH, "v4flash-950dt-a23",
+          "mxfp8-mxfp4", batch=b, context=min(c, 1048576 - 3), overrides=MTP1 if b > 256 else {})
+      for c, b, t in ((131072, 256, 0.00966), (131072, 768, 0.01050), (1048576, 16, 0.00804), (1048576, 64, 0.00946))],
+    *[Row("CRI", f"V4-Pro 16 x 950DT, {c // 1024}K, batch {b}", "tpot", t, "doc", POD, PRO, "v4pro-950dt",
+          "mxfp8-mxfp4", batch=b, context=c)
+      for c, b, t in ((8192, 16, 0.01764), (8192, 128, 0.02061), (131072, 16, 0.01946), (131072, 64, 0.02123))],
+    *[Row("CRI", f"V4-Flash W8A8 on A3, 128 ranks, 8K, batch {b}, MTP1", "tpot", t, "doc", CM, FLASH,
+          "v4flash-a3-decode", "w8a8", batch=b, context=8192)
+      for b, t in ((7168, 0.02782), (8192, 0.02917))],
+]
+
+
+def evaluate(row: Row) -> dict:
+    out = {"id": row.id, "row": row.what, "metric": row.metric, "kind": row.kind, "published_ms": row.published * 1e3}
+    try:
+        p = api.predict(row.hw, row.model, row.plan, input=row.input, output=row.output, batch=row.batch,
+                        prefill_batch=row.prefill_batch, context=row.context, quant=row.quant,
+                        overrides=row.overrides)
+    except NpusimError as exc:
+        return out | {"predicted_ms": float("nan"), "error_%": float("nan"), "note": f"refused: {exc}"}
+    except Exception as exc:  # a bug must show in the table, not hide the other rows
+        traceback.print_exc(file=sys.stderr)
+        return out | {"predicted_ms": float("nan"), "error_%": float("nan"), "note": f"crash: {exc!r}"}
+    value = {"ttft": p.ttft, "prefill": p.prefill.time, "tpot": p.tpot}[row.metric]
+    err = 100 * (value - row.published) / row.published
+    note = ("met" if value <= row.published else "missed") if row.kind == "bound" else ""
+    return out | {"predicted_ms": value * 1e3, "error_%": err, "note": note}
+
+
+def table() -> pd.DataFrame:
+    return pd.DataFrame([evaluate(r) for r in ROWS])
+
+
+def summary(frame: pd.DataFrame) -> str:
+    doc = frame[(frame.kind == "doc") & frame["error_%"].notna()]
+    err = doc["error_%"].abs()
+    bounds = frame[frame.kind == "bound"]
+    failed = frame["error_%"].isna().sum()
+    return (f"{len(doc)} documented rows: median |error| {err.median():.1f} %, worst {err.max():.1f} % "
+            f"({doc.loc[err.idxmax(), 'row'] if len(doc) else '-'}); within 15 %: {(err <= 15).sum()} of {len(doc)}. "
+            f"Bounds met: {(bounds.note == 'met').sum()} of {len(bounds)}. Rows not predicted: {failed}.")
+
+
+def main() -> None:
+    OUT.mkdir(exist_ok=True)
+    frame = table()
+    frame.round({"published_ms": 3, "predicted_ms": 3, "error_%": 1}).to_csv(OUT / "validation.csv", index=False)
+    text = summary(frame)
+    (OUT / "validation.md").write_text("# Serving validation: predicted vs published\n\n"
+                                       + frame.round(2).to_markdown(index=False) + "\n\n" + text + "\n")
+    print(frame.round(2).to_string(index=False))
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
