@@ -2,7 +2,9 @@
 
 The group's ranks are `stride` apart, so a group spans `group * stride` consecutive ranks and runs on the innermost
 tier whose domain holds them; when the group does not fit the innermost tier that its members' neighbours share,
-the hierarchical algorithm runs the inner tier and the outer tier in turn. Bandwidth between two ranks of a
+the hierarchical algorithm runs the inner tier and the outer tier in turn. Every group collective pays its tier's
+fixed `setup` (software start-up, calibrated) once, plus `latency` per algorithm step; a one-sided P2P transfer
+(HIXL-style KV transfer, ring P2P) pays only the latency. Bandwidth between two ranks of a
 full mesh is one link (tier bandwidth / links per rank); switched tiers (switch, Clos, fat tree) give each rank its
 whole port bandwidth to any peer. All rates are scaled by the chip's calibrated `efficiency.link`.
 """
@@ -87,6 +89,7 @@ def collective_time(c: Collective, system: System) -> CommResult:
     eff = system.chip_spec.efficiency.link
     span = c.group * c.stride
     tier_name, tier = system.tier_for(span)
+    setup = tier.setup if c.kind != "p2p" and c.group > 1 and c.bytes > 0 else 0.0
     options: dict[str, float] = {}
     if c.algorithm in ("auto", "ring", "mesh"):
         for alg in (("ring", "mesh") if c.algorithm == "auto" else (c.algorithm,)):
@@ -98,7 +101,7 @@ def collective_time(c: Collective, system: System) -> CommResult:
         raise NpusimError(f"the hierarchical algorithm needs a group that spans two tiers; {c.group} ranks at stride "
                           f"{c.stride} fit one {tier_name} domain of {system.name}", field="algorithm")
     alg = min(options, key=lambda k: (options[k], k))
-    t = options[alg]
+    t = options[alg] + setup
     return CommResult(t, alg, tier_name, c.bytes / t if t > 0 else math.inf)
 
 

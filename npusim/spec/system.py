@@ -24,6 +24,8 @@ class Tier:
     size: int = count(doc="ranks per domain of this tier")
     bandwidth: float = quantity("bandwidth", doc="per rank, per direction")
     latency: float = quantity("time", doc="one-way latency of a small message, end to end")
+    setup: float = quantity("time", minimum=0.0, strict=False,
+                            doc="fixed software cost of starting one collective (HCCL op expansion, handshakes)")
     links_per_rank: int = count(default=1)
 
 
