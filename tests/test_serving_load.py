@@ -6,7 +6,7 @@ import pytest
 from npusim.errors import NpusimError
 from npusim.serving import (AnalyticStepModel, Capacity, ClosedLoop, Deployment, Fixed, LogNormal, OpenLoop, Pool,
                             Sampled, Slo, Uniform, read_trace, simulate)
-from npusim.serving.plots import latency_cdfs, timeline
+from npusim.serving.plots import latency_cdfs, rate_sweep, timeline
 
 MODEL = AnalyticStepModel(Capacity(kv_bytes_per_token=70e3, kv_capacity=10e9, max_batch=8, token_budget=4096))
 
@@ -93,3 +93,21 @@ def test_figures_render_headless(tmp_path):
     for fig, name in ((latency_cdfs(result), "cdf.png"), (timeline(result), "timeline.png")):
         fig.savefig(tmp_path / name)
         assert (tmp_path / name).stat().st_size > 10000
+
+
+def test_a_rate_sweep_shows_the_knee(tmp_path):
+    rates = [4.0, 12.0, 20.0, 30.0]
+    slo = Slo(ttft=0.5, tpot=0.02)
+    summaries = [simulate(Deployment(prefill=Pool(ranks=2)), OpenLoop(rate, Fixed(1024), Fixed(64)), MODEL, seed=0,
+                          requests=300, slo=slo).summary for rate in rates]
+    p99 = [s.ttft.p99 for s in summaries]
+    assert p99[0] < slo.ttft < p99[-1] and p99 == sorted(p99)
+    assert summaries[-1].flat()["ttft_p99"] == p99[-1]
+    rate_sweep(rates, summaries, slo).savefig(tmp_path / "sweep.png")
+    assert (tmp_path / "sweep.png").stat().st_size > 10000
+
+
+def test_progress_is_one_stderr_line(capsys):
+    simulate(Deployment(), OpenLoop(5.0, Fixed(200), Fixed(5)), MODEL, seed=0, requests=200, progress=True)
+    err = capsys.readouterr().err
+    assert "serving: 200/200 requests done" in err and err.endswith("\n") and err.count("\n") == 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
-from npusim.serving.result import ServingResult
+from npusim.serving.result import ServingResult, Slo
 
 _LATENCIES = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2e", "end-to-end"))
 
@@ -44,6 +44,28 @@ def timeline(result: ServingResult) -> Figure:
     axes[2].set(ylabel="KV cache in use", xlabel="time (s)", ylim=(0, 1.02))
     if result.steps.instance.nunique() <= 8:
         axes[0].legend(loc="upper left", ncol=4, fontsize="small")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    return fig
+
+
+def rate_sweep(rates, summaries, slo: Slo | None = None) -> Figure:
+    """p99 TTFT and TPOT, and throughput, against the offered request rate: where the knee leaves the SLO."""
+    fig = Figure(figsize=(11, 3.6), layout="constrained")
+    axes = fig.subplots(1, 3)
+    for ax, name, limit in ((axes[0], "ttft", slo and slo.ttft), (axes[1], "tpot", slo and slo.tpot)):
+        ax.plot(rates, [getattr(s, name).p99 * 1e3 for s in summaries], marker="o", label="p99")
+        ax.plot(rates, [getattr(s, name).p50 * 1e3 for s in summaries], marker=".", linestyle=":", label="p50")
+        if limit:
+            ax.axhline(limit * 1e3, color="tab:red", linestyle="--", label="SLO")
+        ax.set(title=name.upper(), xlabel="offered rate (requests/s)", ylabel="ms", yscale="log")
+        ax.legend()
+    axes[2].plot(rates, [s.request_throughput for s in summaries], marker="o", label="throughput")
+    if slo is not None:
+        axes[2].plot(rates, [s.goodput for s in summaries], marker="s", label="goodput")
+    axes[2].plot(rates, rates, color="grey", linestyle=":", label="offered")
+    axes[2].set(title="requests/s", xlabel="offered rate (requests/s)")
+    axes[2].legend()
     for ax in axes:
         ax.grid(alpha=0.3)
     return fig

@@ -76,6 +76,16 @@ class Summary:
     kv_usage: float  # share of KV cache in use, mean over steps weighted by step time
     preemptions: int
 
+    def flat(self) -> dict[str, float | int | None]:
+        """One row for a table across runs (a rate sweep): latencies become ttft_p99 and so on."""
+        row = {}
+        for key, value in asdict(self).items():
+            if isinstance(value, dict):
+                row.update({f"{key}_{stat}": v for stat, v in value.items()})
+            else:
+                row[key] = value
+        return row
+
 
 @dataclass(frozen=True, eq=False)
 class ServingResult:
