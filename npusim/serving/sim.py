@@ -137,9 +137,10 @@ class Rank:
 
     def admit_prompts(self, chunks: list, decodes: list, budget: int) -> None:
         now = self.instance.sim.env.now
+        growth = len(decodes) * self.instance.sim.deployment.mtp.tokens_per_seq  # this step's decode tokens
         while self.waiting and budget > 0 and len(self.running) < self.max_batch:
             r = self.waiting[0]
-            if self.kv_used + r.prompt > (self.admit_limit if self.running else self.kv_tokens):
+            if self.kv_used + growth + r.prompt > (self.admit_limit if self.running else self.kv_tokens):
                 return
             n = self.chunk(r, budget, bool(chunks or decodes))
             if n == 0:
