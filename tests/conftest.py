@@ -1,9 +1,14 @@
 """Shared helpers: run the real CLI in a subprocess, as a user would."""
 
+import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
+
+# Tests never read or write the user's kernel cache; subprocess CLI runs inherit this.
+os.environ["NPUSIM_CACHE"] = tempfile.mkdtemp(prefix="npusim-test-cache-")
 
 
 def run_cli(*args, cwd=None):

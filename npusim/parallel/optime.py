@@ -8,8 +8,14 @@ onto its tiling with the op's query-key pairs; norms, RoPE and quantisation onto
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import hashlib
+import json
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from npusim.engine.result import launch_cost, simulate
 from npusim.graph.ops import Op
@@ -62,14 +68,16 @@ def kernel_for(op: Op, chip: Chip) -> Kernel | None:
     return None
 
 
-_memo: dict[tuple, OpTime] = {}
+_memo: dict[str, OpTime] = {}
 
 
 def op_time(op: Op, chip: Chip, launch: str = "graph") -> OpTime:
-    """Memoised by content: identical ops (61 layers, sweep points) cost one simulation."""
-    key = (op.kind, op.unit, tuple(sorted(op.shape.items())), tuple(sorted(op.dtypes.items())), op.flops, op.bytes,
-           repr(chip), launch)
-    hit = _memo.get(key)
+    """Memoised by content, in the process and on disk: identical ops (61 layers, sweep points, later runs) cost
+    one simulation. The disk key includes a fingerprint of the kernel and engine code, so edits never reuse stale
+    results."""
+    key = hashlib.blake2b(repr((op.kind, op.unit, sorted(op.shape.items()), sorted(op.dtypes.items()), op.flops,
+                                op.bytes, chip, launch, _code_fingerprint())).encode(), digest_size=16).hexdigest()
+    hit = _memo.get(key) or _disk_get(key)
     if hit is None:
         k = kernel_for(op, chip)
         if k is not None:
@@ -77,8 +85,49 @@ def op_time(op: Op, chip: Chip, launch: str = "graph") -> OpTime:
             hit = OpTime(op.name, op.kind, r.time, r.roofline, r.bound, "engine")
         else:
             hit = _analytic(op, chip, launch)
-        _memo[key] = hit
-    return OpTime(op.name, hit.kind, hit.time, hit.roofline, hit.bound, hit.model)
+        _disk_put(key, hit)
+    _memo[key] = hit
+    return dataclasses.replace(hit, op=op.name)
+
+
+@functools.cache
+def _code_fingerprint() -> str:
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.blake2b(digest_size=16)
+    code = sorted((root / "kernels").glob("*.py")) + sorted((root / "engine").glob("*.py"))
+    for path in code + [root / "spec" / "chip.py", Path(__file__)]:
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _cache_dir() -> Path | None:
+    """NPUSIM_CACHE (a directory, or 'off'); default ~/.cache/npusim/kernels."""
+    where = os.environ.get("NPUSIM_CACHE", str(Path.home() / ".cache" / "npusim" / "kernels"))
+    return None if where == "off" else Path(where)
+
+
+def _disk_get(key: str) -> OpTime | None:
+    d = _cache_dir()
+    if d is None:
+        return None
+    try:
+        return OpTime(**json.loads((d / key[:2] / f"{key}.json").read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _disk_put(key: str, value: OpTime) -> None:
+    d = _cache_dir()
+    if d is None:
+        return
+    try:
+        target = d / key[:2] / f"{key}.json"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(dataclasses.asdict(value)))
+        tmp.replace(target)  # atomic: parallel sweep workers never read half a file
+    except OSError:
+        pass  # a read-only home is not an error: the in-process memo still works
 
 
 def _analytic(op: Op, chip: Chip, launch: str) -> OpTime:
