@@ -81,3 +81,65 @@ def _rowwise(op: str, x: np.ndarray, p: np.ndarray, dtype: str, chip) -> np.ndar
 
     kern = RowWise(x.shape[0], x.shape[1], op, dtype)
     return run(kern, {"x": rnd(x, dtype), "p": p, "y": np.zeros(x.shape)}, chip)["y"]
+
+
+def sparse_mla_attention(q: np.ndarray, kv: np.ndarray, indices: np.ndarray, scale: float, d_v: int = 512,
+                         causal: bool = True, dtype: str = "bf16", chip: str | Chip = "910b2",
+                         **tiles: int) -> np.ndarray:
+    """Absorbed MLA over each token's selected rows (models.md §1.4): q [T, H, 576], kv [S, 576] (K = kv,
+    V = kv[:, :d_v]), indices [T, k] into kv (-1 = none) -> [T, H, d_v]. Queries are the last T positions; with
+    `causal`, selected keys after the query are dropped too."""
+    from npusim.kernels.attention import SparseFlashAttention
+
+    T, H, D = q.shape
+    S, k = kv.shape[0], indices.shape[1]
+    kern = SparseFlashAttention(T, S, H, D, d_v, k, causal=int(causal), dtype=dtype, scale=scale, **tiles)
+    out = run(kern, {"q": rnd(q.reshape(T * H, D), dtype), "kv": rnd(kv, dtype), "indices": indices,
+                     "out": np.zeros((T * H, d_v))}, chip)["out"]
+    return out.reshape(T, H, d_v)
+
+
+def dense_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, causal: bool = True,
+                    dtype: str = "bf16", chip: str | Chip = "910b2", **tiles: int) -> np.ndarray:
+    """Flash attention: q [T, H, D], k [S, KVH, D], v [S, KVH, Dv] (KVH = 1 for MQA / absorbed MLA, = H for MHA)
+    -> [T, H, Dv]; causal with the queries the last T positions."""
+    from npusim.kernels.attention import FlashAttention
+
+    T, H, D = q.shape
+    S, kvh, dv = v.shape
+    kern = FlashAttention(T, S, H, D, dv, kvh, causal=int(causal), dtype=dtype, scale=scale, **tiles)
+    rows = q.reshape(T, kvh, H // kvh, D).transpose(1, 0, 2, 3).reshape(-1, D)  # kv head, token, head
+    t = {"q": rnd(rows, dtype), "k": rnd(k.transpose(1, 0, 2).reshape(-1, D), dtype),
+         "v": rnd(v.transpose(1, 0, 2).reshape(-1, dv), dtype), "out": np.zeros((kvh * T * (H // kvh), dv))}
+    out = run(kern, t, chip)["out"]
+    return out.reshape(kvh, T, H // kvh, dv).transpose(1, 0, 2, 3).reshape(T, H, dv)
+
+
+def v4_attention(q: np.ndarray, kv: np.ndarray, sink: np.ndarray, scale: float, window: int = 128, ratio: int = 0,
+                 ckv: np.ndarray | None = None, cmp_indices: np.ndarray | None = None, dtype: str = "bf16",
+                 chip: str | Chip = "910b2", **tiles: int) -> np.ndarray:
+    """DeepSeek-V4 shared-KV attention (models.md §2.2/§2.4): q [T, H, D], raw kv [S, D], per-head sink [H];
+    ratio 0 = window only, 128 = HCA over all compressed entries ckv [S//128, D], 4 = CSA over cmp_indices [T, k]
+    into ckv (-1 = none) -> [T, H, D]. The kernel is the SFA mechanism with the index set window ++ compressed."""
+    from npusim.kernels.attention import V4Attention
+
+    T, H, D = q.shape
+    S = kv.shape[0]
+    pos = S - T + np.arange(T)
+    win = pos[:, None] - window + 1 + np.arange(window)[None]
+    idx = [np.where(win >= 0, win, -1)]
+    topk = 0
+    if ratio:
+        n = S // ratio
+        if cmp_indices is None:  # HCA: every entry completed before the query
+            ent = np.arange(n)[None].repeat(T, 0)
+            ent = np.where(ent < ((pos + 1) // ratio)[:, None], ent, -1)
+        else:
+            ent, topk = np.asarray(cmp_indices), cmp_indices.shape[1]
+        idx.append(np.where(ent >= 0, ent + S, -1))
+    rows = np.concatenate([kv, ckv[:S // ratio]]) if ratio else kv
+    kern = V4Attention(T, S, H, D, window, ratio, topk, dtype=dtype, scale=scale, **tiles)
+    out = run(kern, {"q": rnd(q.reshape(T * H, D), dtype), "kv": rnd(rows, dtype),
+                     "indices": np.concatenate(idx, 1), "sink": np.asarray(sink, np.float64)[None],
+                     "out": np.zeros((T * H, D))}, chip)["out"]
+    return out.reshape(T, H, D)

@@ -107,3 +107,76 @@ def layernorm(x, p, shape, eps=1e-6, **_):
     var = ((x - mu) ** 2).mean(-1, keepdims=True)
     return (x - mu) / np.sqrt(var + eps) * p[0] + p[1]
 
+
+
+# ------------------------------------------------------------------ attention (npusim.kernels.attention)
+@op
+def gather(idx, kv, shape, base=0, **_):
+    """The vector cores' discrete copy: rows base + idx of kv; index -1 (no key) gives a zero row."""
+    i = idx[0].astype(np.int64)
+    out = np.zeros((i.size, kv.shape[1]))
+    ok = i >= 0
+    out[ok] = kv[base + i[ok]]
+    return out[:, :shape[1]]
+
+
+@op
+def iota(shape, kpos, keys, **_):
+    """Positions of a contiguous key tile; -1 past the sequence end."""
+    pos = kpos + np.arange(shape[1])
+    return np.where(pos < keys, pos, -1)[None]
+
+
+def _scores(pos, s, scale, qpos, row, hb, causal):
+    """Scaled scores with masked keys at -inf: no key (-1) or, causal, after the row's query position."""
+    qp = qpos + (row + np.arange(s.shape[0])) // hb
+    bad = (pos < 0) | ((pos > qp[:, None]) if causal else False)
+    return np.where(bad, -np.inf, s * scale)
+
+
+def _finite(m):
+    return np.where(np.isneginf(m), 0.0, m)
+
+
+@op
+def softmax_init(shape, **_):
+    """Online-softmax state rows (running max, running sum, rescale factor)."""
+    st = np.zeros(shape)
+    st[:, 0] = -np.inf
+    st[:, 2] = 1.0
+    return st
+
+
+@op
+def softmax_state(pos, s, st, shape, scale, qpos, row, hb, causal=True, **_):
+    """One key tile of the online softmax: m' = max(m, rowmax x), l' = l e^(m - m') + rowsum e^(x - m'),
+    alpha = e^(m - m') (the accumulator's rescale factor)."""
+    x = _scores(pos, s, scale, qpos, row, hb, causal)
+    m_new = np.maximum(st[:, 0], x.max(1))
+    alpha = np.exp(st[:, 0] - _finite(m_new))
+    l_new = st[:, 1] * alpha + np.exp(x - _finite(m_new)[:, None]).sum(1)
+    return np.stack([m_new, l_new, alpha], 1)
+
+
+@op
+def softmax_exp(pos, s, st, shape, scale, qpos, row, hb, causal=True, **_):
+    """P = e^(x - m') of the tile (0 at masked keys), for the cube's P V."""
+    x = _scores(pos, s, scale, qpos, row, hb, causal)
+    return np.exp(x - _finite(st[:, 0])[:, None])
+
+
+@op
+def rescale(acc, st, shape, **_):
+    return acc * st[:, 2:3]
+
+
+@op
+def add(a, b, shape, **_):
+    return a + b
+
+
+@op
+def finalize(acc, st, *sink, shape, **_):
+    """O = acc / (l + e^(sink - m)) (the sink only in the denominator); rows without keys give 0."""
+    den = st[:, 1] + (np.exp(sink[0][0] - _finite(st[:, 0])) if sink else 0.0)
+    return np.divide(acc, den[:, None], out=np.zeros_like(acc), where=den[:, None] > 0)

@@ -51,8 +51,54 @@ def verify_rowwise(shape: dict, rng: np.random.Generator) -> list[Error]:
             _err("layernorm bf16", F.layernorm(x, w, b), R.layernorm(xq, w, b))]
 
 
+def _selection(rng: np.random.Generator, tokens: int, keys: int, k: int) -> np.ndarray:
+    """Random top-k style index rows: distinct visible keys (causal, queries last), -1 where fewer than k."""
+    rows = []
+    for pos in range(keys - tokens, keys):
+        sel = rng.permutation(pos + 1)[:k]
+        rows.append(np.concatenate([sel, -np.ones(k - sel.size, np.int64)]))
+    return np.stack(rows)
+
+
+def verify_sparse_flash_attention(shape: dict, rng: np.random.Generator) -> list[Error]:
+    t, s, h, k = (shape.get(x, v) for x, v in (("tokens", 4), ("keys", 900), ("heads", 128), ("topk", 600)))
+    d, dv = shape.get("d_qk", 576), shape.get("d_v", 512)
+    q, kv = rng.standard_normal((t, h, d)), rng.standard_normal((s, d))
+    idx, scale = _selection(rng, t, s, k), d ** -0.5
+    out = F.sparse_mla_attention(q, kv, idx, scale, dv)
+    return [_err("bf16", out, R.sparse_mla_attention(rnd(q, "bf16"), rnd(kv, "bf16"), idx, scale, dv))]
+
+
+def verify_flash_attention(shape: dict, rng: np.random.Generator) -> list[Error]:
+    t, s, h, kvh = (shape.get(x, v) for x, v in (("tokens", 130), ("keys", 700), ("heads", 4), ("kv_heads", 4)))
+    d, dv = shape.get("d_qk", 192), shape.get("d_v", 128)
+    q, kk, v = rng.standard_normal((t, h, d)), rng.standard_normal((s, kvh, d)), rng.standard_normal((s, kvh, dv))
+    out = F.dense_attention(q, kk, v, d ** -0.5)
+    return [_err("bf16", out, R.dense_attention(*(rnd(x, "bf16") for x in (q, kk, v)), d ** -0.5))]
+
+
+def verify_v4_attention(shape: dict, rng: np.random.Generator) -> list[Error]:
+    t, s, h, d = (shape.get(x, v) for x, v in (("tokens", 3), ("keys", 1100), ("heads", 64), ("head_dim", 512)))
+    w, topk = shape.get("window", 128), shape.get("topk", 200)
+    q, kv, sink = rng.standard_normal((t, h, d)), rng.standard_normal((s, d)), rng.standard_normal(h)
+    out = []
+    for ratio, sel in ((0, None), (128, None), (4, topk)):
+        ckv = rng.standard_normal((s // ratio, d)) if ratio else None
+        cmp = _selection(rng, t, s // 4, sel)[:, :sel] if sel else None
+        if cmp is not None:  # only entries completed before each query: (p + 1) // 4 of them
+            cmp = np.where(cmp < ((s - t + np.arange(t) + 1) // 4)[:, None], cmp, -1)
+        got = F.v4_attention(q, kv, sink, d ** -0.5, w, ratio, ckv, cmp)
+        ref = R.v4_attention(rnd(q, "bf16"), rnd(kv, "bf16"), sink, d ** -0.5, w, ratio,
+                             rnd(ckv, "bf16") if ratio else None, cmp)
+        out.append(_err({0: "SWA bf16", 128: "HCA bf16", 4: "CSA bf16"}[ratio], got, ref))
+    return out
+
+
 VERIFY: dict[str, Callable[[dict, np.random.Generator], list[Error]]] = {
     "gemm": verify_gemm,
     "lightning_indexer": verify_lightning_indexer,
     "rowwise": verify_rowwise,
+    "sparse_flash_attention": verify_sparse_flash_attention,
+    "flash_attention": verify_flash_attention,
+    "v4_attention": verify_v4_attention,
 }

@@ -93,9 +93,9 @@ class Kernel:
                                   field="shape")
             f = fields[key]
             try:
-                args[key] = str(val) if f.type == "str" else int(val)
+                args[key] = str(val) if f.type == "str" else float(val) if f.type == "float" else int(val)
             except (TypeError, ValueError):
-                raise NpusimError(f"kernel {cls.name} shape '{key}={val}' is not an integer", field="shape") from None
+                raise NpusimError(f"kernel {cls.name} shape '{key}={val}' is not a number", field="shape") from None
         missing = [n for n, f in fields.items() if f.default is dataclasses.MISSING and n not in args]
         if missing:
             raise NpusimError(f"kernel {cls.name} needs shape keys {', '.join(missing)}", field="shape")

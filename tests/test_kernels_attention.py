@@ -1,0 +1,72 @@
+"""Attention tilings: Huawei's SFA blocks, buffer fit, compressed 128K traces, shapes from the op graph."""
+
+import time
+
+import pytest
+
+from npusim.errors import NpusimError
+from npusim.kernels import catalog
+from npusim.spec.chip import load_chip
+
+
+@pytest.fixture(scope="module")
+def chip():
+    return load_chip("910c-die")
+
+
+def test_sfa_matches_huawei_blocks(chip):
+    t = catalog.kernel("sparse_flash_attention", {"tokens": 64, "keys": 65536}).trace(chip)
+    assert t.tiling["block"] == (256, 512)  # 2 tokens x 128 heads by 512 selected keys (models.md §3.5)
+    assert t.tiling["l0_c1"] == ((128, 96), (96, 128)) and t.tiling["l0_c2"] == ((128, 128), (128, 128))
+    kv_ring = 3 * 128 * 288 * 2
+    assert t.buffers["l1"] == 128 * 576 * 2 + 128 * 512 * 2 + kv_ring  # Q + P (the 4 x 128x288 Q/P slots) + K/V
+    assert t.buffers["l1"] <= chip.aic.buffers.l1
+
+
+def test_sfa_cube_work_and_gathers(chip):
+    t = catalog.kernel("sparse_flash_attention", {"tokens": 64, "keys": 131072}).trace(chip)
+    pipes = t.pipe_totals()
+    assert pipes["cube"]["flops"] == pytest.approx(t.flops)  # 2048 = 4 full tiles: no padding waste
+    gathered = sum(i.bytes * m for _, i, m in t.instructions() if i.op == "gather")
+    assert gathered == pytest.approx(64 * 2048 * (576 * 2 + 4))  # every selected row moved by the vector cores
+    assert t.cores["aiv"] == 2 * t.cores["aic"]
+
+
+def test_op_graph_shapes_build(chip):
+    shapes = {
+        "sparse_flash_attention": {"tokens": 32, "heads": 128, "d_qk": 576, "d_v": 512, "keys": 8192, "topk": 2048,
+                                   "pairs": 32 * 2048},
+        "flash_attention": {"tokens": 4096, "heads": 128, "d_qk": 192, "d_v": 128, "keys": 4096, "pairs": 8390656,
+                            "kv_heads": 128},
+        "v4_attention": {"tokens": 8, "heads": 64, "head_dim": 512, "window": 128, "ratio": 4, "topk": 512,
+                         "pairs": 8 * 640, "sink": 1, "keys": 65536},
+    }
+    for name, shape in shapes.items():
+        t = catalog.kernel(name, shape).trace(chip)
+        assert t.pipe_totals()["cube"]["flops"] >= t.flops
+
+
+@pytest.mark.parametrize("name,shape", [
+    ("sparse_flash_attention", {"tokens": 131072, "keys": 131072}),
+    ("flash_attention", {"tokens": 131072, "keys": 131072, "heads": 128, "kv_heads": 128}),
+    ("v4_attention", {"tokens": 131072, "keys": 131072, "ratio": 128}),
+])
+def test_128k_traces_build_fast(chip, name, shape):
+    t0 = time.perf_counter()
+    t = catalog.kernel(name, shape).trace(chip)
+    assert time.perf_counter() - t0 < 0.5
+    assert sum(p["instructions"] for p in t.pipe_totals().values()) > 1e7  # loops stayed loops
+
+
+def test_causal_dense_work_follows_the_triangle(chip):
+    full = catalog.kernel("flash_attention", {"tokens": 8192, "keys": 8192, "kv_heads": 128, "causal": 0}).trace(chip)
+    causal = catalog.kernel("flash_attention", {"tokens": 8192, "keys": 8192, "kv_heads": 128}).trace(chip)
+    assert 0.5 < causal.pipe_totals()["cube"]["flops"] / full.pipe_totals()["cube"]["flops"] < 0.55
+
+
+def test_bad_blocks_are_plain_errors(chip):
+    with pytest.raises(NpusimError, match="block_n"):
+        catalog.kernel("sparse_flash_attention", {"tokens": 4, "keys": 4096, "block_n": 300}).trace(chip)
+    with pytest.raises(NpusimError, match="too many"):
+        catalog.kernel("sparse_flash_attention", {"tokens": 4, "keys": 4096, "block_m": 512, "heads": 256}
+                       ).trace(chip)
