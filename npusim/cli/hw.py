@@ -66,30 +66,29 @@ def rows(spec) -> list[dict]:
     return out
 
 
+def _headline(name: str, kind: str, chip: Chip, packages: int, ranks: int, interconnect: str) -> dict:
+    """One `hw list` row: figures for `packages` packages of `chip`."""
+    eight_bit = "fp8" if "fp8" in chip.aic.cube.flop_per_cycle else "int8"
+    return {"name": name, "kind": kind, "family": chip.family, "dies": ranks,
+            "AIC/AIV per die": f"{chip.aic.count}/{chip.aiv.count}", "clock": units.format(chip.clock, "frequency"),
+            "BF16 TFLOPS": round(packages * chip.package_peak_cube_flops("bf16") / 1e12, 1),
+            "8-bit TFLOPS": round(packages * chip.package_peak_cube_flops(eight_bit) / 1e12, 1),
+            "HBM": units.format(packages * chip.package_hbm_capacity, "bytes", 3),
+            "HBM BW": units.format(packages * chip.package_hbm_bandwidth, "bandwidth", 3),
+            "interconnect": interconnect}
+
+
 def run_list(args) -> None:
     records = []
     for name in CHIPS.names():
         c = load_chip(name)
-        records.append({"name": name, "kind": "chip", "family": c.family, "dies": c.dies,
-                        "AIC/AIV per die": f"{c.aic.count}/{c.aiv.count}", "clock": units.format(c.clock, "frequency"),
-                        "BF16 TFLOPS": round(c.package_peak_cube_flops("bf16") / 1e12, 1),
-                        "8-bit TFLOPS": round(c.package_peak_cube_flops("fp8" if "fp8" in c.aic.cube.flop_per_cycle
-                                                                        else "int8") / 1e12, 1),
-                        "HBM": units.format(c.package_hbm_capacity, "bytes", 3),
-                        "HBM BW": units.format(c.package_hbm_bandwidth, "bandwidth", 3),
-                        "interconnect": f"die-to-die {units.format(c.die_to_die, 'bandwidth', 3)}" if c.die_to_die else ""})
+        link = f"die-to-die {units.format(c.die_to_die, 'bandwidth', 3)}" if c.die_to_die else ""
+        records.append(_headline(name, "chip", c, 1, c.dies, link))
     for name in SYSTEMS.names():
         s = load_system(name)
-        c = s.chip_spec
-        records.append({"name": name, "kind": "system", "family": c.family, "dies": s.ranks,
-                        "AIC/AIV per die": f"{c.aic.count}/{c.aiv.count}", "clock": units.format(c.clock, "frequency"),
-                        "BF16 TFLOPS": round(s.chips * c.package_peak_cube_flops("bf16") / 1e12, 1),
-                        "8-bit TFLOPS": round(s.chips * c.package_peak_cube_flops(
-                            "fp8" if "fp8" in c.aic.cube.flop_per_cycle else "int8") / 1e12, 1),
-                        "HBM": units.format(s.chips * c.package_hbm_capacity, "bytes", 3),
-                        "HBM BW": units.format(s.chips * c.package_hbm_bandwidth, "bandwidth", 3),
-                        "interconnect": ", ".join(f"{t}: {units.format(tier.bandwidth, 'bandwidth', 3)}/dir x{tier.size}"
-                                                  for t, tier in s.tiers.items())})
+        tiers = ", ".join(f"{t}: {units.format(tier.bandwidth, 'bandwidth', 3)}/dir x{tier.size}"
+                          for t, tier in s.tiers.items())
+        records.append(_headline(name, "system", s.chip_spec, s.chips, s.ranks, tiers))
     common.emit(pd.DataFrame(records), args.format, title="chips (figures per package) and systems (totals); "
                                                           "'dies' = ranks")
 
