@@ -83,3 +83,11 @@ def test_norms_match_reference_within_bf16(rows, dim):
     xq = rnd(x, "bf16")
     for out, ref in ((F.rmsnorm(x, w), R.rmsnorm(xq, w)), (F.layernorm(x, w, b), R.layernorm(xq, w, b))):
         assert np.abs(out - ref).max() <= 2 ** -7 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("counts", [[0, 37, 200, 5, 130], [64, 64]])
+def test_grouped_gemm_rows_use_their_expert(counts):
+    a, b = RNG.standard_normal((sum(counts), 200)), RNG.standard_normal((len(counts), 200, 96))
+    ref = np.einsum("rk,rkn->rn", a, b[np.repeat(np.arange(len(counts)), counts)])
+    for scheme, tol in (("bf16", 1e-2), ("int8", 3e-2)):
+        assert np.abs(F.grouped_gemm(a, b, counts, scheme, "fp32") - ref).max() <= tol * np.abs(ref).max()

@@ -62,3 +62,14 @@ def test_unknown_kernel_and_shape_key_are_plain_errors():
         catalog.kernel("gem", {})
     with pytest.raises(NpusimError, match="no shape key"):
         catalog.kernel("gemm", {"m": 1, "n": 1, "k": 1, "q": 3})
+
+
+def test_grouped_gemm_band_per_expert(chip):
+    even = catalog.kernel("grouped_gemm", {"rows": 4096, "k": 7168, "n": 4096, "experts": 32}).trace(chip)
+    assert even.tiling["experts"] == 32 and even.tiling["blocks"] == 32 * 1 * 32
+    skew = catalog.kernel("grouped_gemm", {"rows": 300, "k": 512, "n": 256, "experts": 3, "counts": "0,290,10"}
+                          ).trace(chip)
+    assert skew.tiling["experts"] == 2  # the idle expert costs nothing
+    assert skew.pipe_totals()["cube"]["flops"] >= skew.flops
+    with pytest.raises(NpusimError, match="summing to rows"):
+        catalog.kernel("grouped_gemm", {"rows": 300, "k": 512, "n": 256, "experts": 3, "counts": "1,2,3"}).trace(chip)

@@ -31,20 +31,39 @@ def gemm(a: np.ndarray, b: np.ndarray, dtype: str = "bf16", out_dtype: str = "bf
          **tiles: int) -> np.ndarray:
     """a [m, k] @ b [k, n] (or batched [B, m, k] @ [B, k, n]) under a dtype scheme (bf16, fp16, int8 W8A8,
     fp8 128-blocks, mxfp8, mxfp4): operands are quantised as the scheme says, then multiplied by the GEMM trace."""
-    from npusim.kernels.gemm import Gemm, scheme_of
+    from npusim.kernels.gemm import Gemm
 
     squeeze = a.ndim == 2
     a3, b3 = (a[None], b[None]) if squeeze else (a, b)
-    sch = scheme_of(dtype)
     kern = Gemm(a3.shape[1], b3.shape[2], a3.shape[2], a3.shape[0], dtype, out_dtype, **tiles)
-    t = {"c": np.zeros((a3.shape[0], a3.shape[1], b3.shape[2]))}
-    if sch.scale:
-        t["a"], t["sa"] = quantize(a3, sch.elem, 2, sch.qblock, sch.scale)
-        t["b"], t["sb"] = quantize(b3, sch.elem, 1, sch.qblock, sch.scale, sch.b_block_n)
-    else:
-        t["a"], t["b"] = rnd(a3, sch.elem), rnd(b3, sch.elem)
+    t = {"c": np.zeros((a3.shape[0], a3.shape[1], b3.shape[2])), **_operands(a3, b3, dtype)}
     c = run(kern, t, chip)["c"]
     return c[0] if squeeze else c
+
+
+def _operands(a3: np.ndarray, b3: np.ndarray, dtype: str) -> dict[str, np.ndarray]:
+    """a [B, m, k] and b [B, k, n] stored as the scheme says: rounded, or quantised with their block scales."""
+    from npusim.kernels.gemm import scheme_of
+
+    sch = scheme_of(dtype)
+    if not sch.scale:
+        return {"a": rnd(a3, sch.elem), "b": rnd(b3, sch.elem)}
+    (qa, sa), (qb, sb) = quantize(a3, sch.elem, 2, sch.qblock, sch.scale), quantize(b3, sch.elem, 1, sch.qblock,
+                                                                                     sch.scale, sch.b_block_n)
+    return {"a": qa, "sa": sa, "b": qb, "sb": sb}
+
+
+def grouped_gemm(a: np.ndarray, b: np.ndarray, counts, dtype: str = "bf16", out_dtype: str = "bf16",
+                 chip: str | Chip = "910b2", **tiles: int) -> np.ndarray:
+    """MoE experts: a [rows, k] sorted by expert, b [E, k, n], counts [E] rows per expert -> [rows, n] with rows of
+    expert e multiplied by b[e] (operands stored as the dtype scheme says, as in `gemm`)."""
+    from npusim.kernels.gemm import GroupedGemm
+
+    rows, k = a.shape
+    kern = GroupedGemm(rows, k, b.shape[2], b.shape[0], dtype, out_dtype, ",".join(str(int(c)) for c in counts),
+                       **tiles)
+    t = {"c": np.zeros((1, rows, b.shape[2])), **_operands(a[None], b, dtype)}
+    return run(kern, t, chip)["c"][0]
 
 
 def lightning_indexer(q: np.ndarray, k: np.ndarray, weights: np.ndarray, topk: int, causal: bool = True,

@@ -33,6 +33,15 @@ def verify_gemm(shape: dict, rng: np.random.Generator, schemes=("bf16", "fp16", 
     return [_err(s, F.gemm(a, b, dtype=s, out_dtype="fp32"), ref) for s in schemes]
 
 
+def verify_grouped_gemm(shape: dict, rng: np.random.Generator) -> list[Error]:
+    e, k, n = shape.get("experts", 4), shape.get("k", 300), shape.get("n", 160)
+    counts = rng.integers(0, 2 * shape.get("rows", 240) // e, e)
+    counts[0] = 0  # an expert no token chose
+    a, b = rng.standard_normal((int(counts.sum()), k)), rng.standard_normal((e, k, n))
+    ref = np.einsum("rk,rkn->rn", a, b[np.repeat(np.arange(e), counts)])
+    return [_err(s, F.grouped_gemm(a, b, counts, dtype=s, out_dtype="fp32"), ref) for s in ("bf16", "fp16", "int8")]
+
+
 def verify_lightning_indexer(shape: dict, rng: np.random.Generator) -> list[Error]:
     t, s, h, d, k = (shape.get(x, v) for x, v in (("tokens", 24), ("keys", 700), ("heads", 64), ("dim", 128),
                                                   ("topk", 64)))
@@ -96,6 +105,7 @@ def verify_v4_attention(shape: dict, rng: np.random.Generator) -> list[Error]:
 
 VERIFY: dict[str, Callable[[dict, np.random.Generator], list[Error]]] = {
     "gemm": verify_gemm,
+    "grouped_gemm": verify_grouped_gemm,
     "lightning_indexer": verify_lightning_indexer,
     "rowwise": verify_rowwise,
     "sparse_flash_attention": verify_sparse_flash_attention,

@@ -229,3 +229,72 @@ class Gemm(Kernel):
         return Trace(self.name, chip.name, self.shape, groups, w.cube_flops, w.hbm_bytes, t.buffers(sch.cube),
                      {"base_m": t.base_m, "base_n": t.base_n, "base_k": t.base_k, "step_k": t.step_k,
                       "blocks": self.batch * tm * tn, "scheme": self.dtype}, dtype=sch.cube)
+
+
+@register
+@dataclass(frozen=True)
+class GroupedGemm(Kernel):
+    """MoE experts: out[r] = a[r] @ b[e(r)] with a's rows sorted by expert — a [rows, k], b [experts, k, n],
+    out [rows, n]. One band of cube blocks per expert (the GEMM block body), so experts with few rows cost a
+    partial wave rather than a whole GEMM launch."""
+
+    name: ClassVar[str] = "grouped_gemm"
+    options: ClassVar[tuple[str, ...]] = ("dtype", "out_dtype", "counts", "base_m", "base_n", "base_k", "step_k")
+    rows: int
+    k: int
+    n: int
+    experts: int = 1
+    dtype: str = "bf16"
+    out_dtype: str = "bf16"
+    counts: str = ""  # rows per expert, comma-separated ("" = spread evenly)
+    base_m: int = 0
+    base_n: int = 0
+    base_k: int = 0
+    step_k: int = 0
+
+    def rows_per_expert(self) -> list[int]:
+        if not self.counts:
+            q, r = divmod(self.rows, max(1, self.experts))
+            return [q + (e < r) for e in range(max(1, self.experts))]
+        out = [int(c) for c in self.counts.split(",")]
+        if len(out) != self.experts or sum(out) != self.rows or min(out) < 0:
+            raise NpusimError(f"grouped_gemm counts '{self.counts}' must give {self.experts} non-negative row counts "
+                              f"summing to rows={self.rows}", field="shape.counts")
+        return out
+
+    def work(self) -> Work:
+        dt = scheme_of(self.dtype).cube
+        used = sum(1 for m in self.rows_per_expert() if m)
+        io = nbytes(dt, self.rows, self.k) + used * nbytes(dt, self.k, self.n) + nbytes(self.out_dtype, self.rows, self.n)
+        return Work(2.0 * self.rows * self.n * self.k, io, cube_dtype=dt)
+
+    def build(self, chip: Chip) -> Trace:
+        sch = scheme_of(self.dtype)
+        per = self.rows_per_expert()
+        t = CubeTiling.choose(chip, sch.cube, max(per), self.n, self.k, self.base_m, self.base_n, self.base_k,
+                              self.step_k)
+        tn = cdiv(self.n, t.base_n)
+        nq = cdiv(self.k, sch.qblock) if sch.qblock else 1
+        w = self.work()
+        hits = l2_hits(chip, chip.aic.count, max(1, cdiv(self.rows, max(1, len(per)) * t.base_m)), tn,
+                       w.hbm_bytes <= chip.l2.size)
+        # band constants: ex (expert), r0 (its first row), rend (one past its last row)
+        mi, ni = lin(("blk", 1), div=tn), lin(("blk", 1), mod=tn)
+        row = Lin(0, (("r0", 1), ("mi", t.base_m)))
+        a = Ref("a", (0, row, 0), (1, t.base_m, 0), (None, lin(("rend", 1)), self.k))
+        b = Ref("b", (lin(("ex", 1)), 0, Lin(0, (("ni", t.base_n),))), (1, 0, t.base_n), (None, self.k, self.n))
+        sa = Ref("sa", (0, row, 0), (1, t.base_m, nq), (None, lin(("rend", 1)), nq))
+        sb = Ref("sb", (lin(("ex", 1)), 0, Lin(0, (("ni", t.base_n),))), (1, nq, t.base_n), (None, nq, self.n))
+        out = Ref("c", (0, row, Lin(0, (("ni", t.base_n),))), (1, t.base_m, t.base_n), (None, lin(("rend", 1)), self.n))
+        body = (addr(mi=mi, ni=ni),) + cube_block(t, sch, self.k, a, b, out, self.out_dtype, hits,
+                                                  sa if sch.scale else None, sb if sch.scale else None)
+        bands, r0 = [], 0
+        for e, m in enumerate(per):
+            if m:
+                bands.append(Band(cdiv(m, t.base_m) * tn, body, bind=(("ex", e), ("r0", r0), ("rend", r0 + m))))
+            r0 += m
+        groups = distribute(bands, chip.aic.count, GEMM_FLAGS)
+        return Trace(self.name, chip.name, self.shape, groups, w.cube_flops, w.hbm_bytes, t.buffers(sch.cube),
+                     {"base_m": t.base_m, "base_n": t.base_n, "base_k": t.base_k, "step_k": t.step_k,
+                      "experts": len(bands), "blocks": sum(b.blocks for b in bands), "scheme": self.dtype},
+                     dtype=sch.cube)
