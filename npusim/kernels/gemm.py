@@ -67,9 +67,10 @@ class CubeTiling:
 
     @classmethod
     def choose(cls, chip: Chip, dtype: str, m: int, n: int, k: int, base_m=0, base_n=0, base_k=0, step_k=0,
-               l1_share: float = 0.5) -> "CubeTiling":
+               l1_share: float = 0.5, qblock: int = 0) -> "CubeTiling":
         """Largest fractal-aligned blocks that double-buffer in L0A/L0B/L0C (the 2x32 KB / 2x64 KB split of
-        models.md §3.1) and leave `l1_share` of L1 for the operand tiles; explicit sizes win."""
+        models.md §3.1) and leave `l1_share` of L1 for the operand tiles; explicit sizes win. With block scales
+        (`qblock` K elements per scale) an L0 step never straddles two scale blocks."""
         need_cube(chip, dtype)
         fm, fk, fn = chip.aic.cube.fractal[dtype]
         buf = chip.aic.buffers
@@ -78,6 +79,11 @@ class CubeTiling:
         bn = base_n or min(max(fn, int(buf.l0c / 2 / 4 / bm) // fn * fn), 128 if m >= 128 else 256, cdiv(n, fn) * fn)
         bk = base_k or min(int(buf.l0a / 2 / (bm * eb)) // fk * fk, int(buf.l0b / 2 / (bn * eb)) // fk * fk,
                            cdiv(k, fk) * fk)
+        if qblock and not base_k:
+            bk = bk // qblock * qblock if bk >= qblock else max(f for f in range(fk, bk + 1, fk) if qblock % f == 0)
+        if qblock and (bk % qblock if bk >= qblock else qblock % bk):
+            raise NpusimError(f"base_k={bk} must be a multiple or a divisor of the {qblock}-element scale block",
+                              field="tiling.base_k")
         for name, size, f in (("base_m", bm, fm), ("base_k", bk, fk), ("base_n", bn, fn)):
             if size <= 0 or size % f:
                 raise NpusimError(f"{name}={size} must be a positive multiple of the {dtype} fractal {f} on {chip.name}",
@@ -155,12 +161,11 @@ def cube_block(t: CubeTiling, sch: Scheme, k: int, a: Ref, b: Ref, out: Ref, out
                     bytes=nbytes(dt, bk, bn), dtype=dt, src="l1", dst="l0b", slot=p,
                     set=("l0.full",) + (("l1.free",) if last and not per_block_scales else ()))]
             scales = ()
-            if per_block_scales:
-                nqs = cdiv(bk, sch.qblock)
-                scales = (Ref(f"l1.sa{slot}", (0, 0, s * nqs), (1, bm, nqs)), Ref(f"l1.sb{slot}", (0, s * nqs, 0),
-                                                                                  (1, nqs, bn)))
+            if per_block_scales:  # the step's scale blocks (aligned by CubeTiling.choose)
+                nqs, q0 = cdiv(bk, sch.qblock), s * bk // sch.qblock
+                scales = (Ref(f"l1.sa{slot}", (0, 0, q0), (1, bm, nqs)), Ref(f"l1.sb{slot}", (0, q0, 0), (1, nqs, bn)))
             body.append(ins("cube", "mmad", Act("mmad", l0c, (l0c, l0a, l0b) + scales, "fp32",
-                                                (("qblock", sch.qblock if per_block_scales else 0),)),
+                                                (("qblock", min(sch.qblock, bk) if per_block_scales else 0),)),
                             flops=2.0 * bm * bn * bk, dtype=dt, src="l0a", dst="l0c", slot=p, wait=("l0.full",),
                             set=("l0.free",) + (("l1.free",) if last and per_block_scales else ())))
         return tuple(body)
@@ -203,7 +208,7 @@ class Gemm(Kernel):
 
     def tiling(self, chip: Chip) -> CubeTiling:
         return CubeTiling.choose(chip, self.scheme.cube, self.m, self.n, self.k, self.base_m, self.base_n,
-                                 self.base_k, self.step_k)
+                                 self.base_k, self.step_k, qblock=self.scheme.qblock)
 
     def work(self) -> Work:
         dt = self.scheme.cube
@@ -272,7 +277,7 @@ class GroupedGemm(Kernel):
         sch = scheme_of(self.dtype)
         per = self.rows_per_expert()
         t = CubeTiling.choose(chip, sch.cube, max(per), self.n, self.k, self.base_m, self.base_n, self.base_k,
-                              self.step_k)
+                              self.step_k, qblock=sch.qblock)
         tn = cdiv(self.n, t.base_n)
         nq = cdiv(self.k, sch.qblock) if sch.qblock else 1
         w = self.work()
