@@ -40,27 +40,43 @@ class OpTime:
 
 
 def _scheme(op: Op, chip: Chip) -> str:
+    """The GEMM dtype scheme of the op's weights, or BF16 where the chip's cube has no such mode."""
     dt = GEMM_SCHEMES.get(op.dtypes.get("b", "bf16"), "bf16")
     return dt if dt in chip.aic.cube.flop_per_cycle else "bf16"
 
 
+ATTENTION = ("sparse_flash_attention", "flash_attention", "v4_attention")
+
+
+def _dtype(op: Op, key: str, chip: Chip) -> str:
+    dt = op.dtypes.get(key, "bf16")
+    return dt if dt in chip.aic.cube.flop_per_cycle else "bf16"
+
+
 def kernel_for(op: Op, chip: Chip) -> Kernel | None:
-    """The tiling that implements `op`, or None when the op's kind has no tiling yet."""
+    """The tiling that implements `op`, or None when the op's kind has no tiling yet.
+
+    Attention-like ops carry their total query-key `pairs`; a `batch` key (sequences, set by the sharding) splits
+    `tokens` into per-sequence queries so each sequence's keys are read once.
+    """
     s = op.shape
+    batch = s.get("batch", 1)
     if op.kind == "gemm":
-        return kernel("gemm", {"m": s["m"], "n": s["n"], "k": s["k"], "batch": s.get("batch", 1)},
-                      dtype=_scheme(op, chip))
+        return kernel("gemm", {"m": s["m"], "n": s["n"], "k": s["k"], "batch": batch}, dtype=_scheme(op, chip))
     if op.kind == "grouped_gemm":
-        experts = max(1, s.get("experts", 1))
-        return kernel("gemm", {"m": math.ceil(s["rows"] / experts), "n": s["n"], "k": s["k"], "batch": experts},
-                      dtype=_scheme(op, chip))
+        return kernel("grouped_gemm", {k: s[k] for k in ("rows", "k", "n", "experts")}, dtype=_scheme(op, chip))
     if op.kind == "lightning_indexer":
-        tokens = max(1, s["tokens"])
-        dt = op.dtypes.get("q", "bf16")
-        dt = dt if dt in chip.aic.cube.flop_per_cycle else "bf16"
-        return kernel("lightning_indexer", {"tokens": tokens, "keys": max(1, math.ceil(s["pairs"] / tokens)),
-                                            "heads": s["heads"], "dim": s["dim"], "topk": s["topk"]},
-                      causal=0, dtype=dt)
+        per_seq = max(1, s["tokens"] // batch)
+        return kernel("lightning_indexer", {"tokens": per_seq, "keys": max(1, math.ceil(s["pairs"] / s["tokens"])),
+                                            "heads": s["heads"], "dim": s["dim"], "topk": s["topk"], "batch": batch},
+                      causal=0, dtype=_dtype(op, "q", chip))
+    if op.kind in ATTENTION:
+        shape = {k: v for k, v in s.items() if k not in ("tokens", "batch")}
+        shape |= {"tokens": max(1, s["tokens"] // batch), "batch": batch, "keys": max(s.get("keys", 1), 1)}
+        if op.kind == "flash_attention" and s["d_qk"] != s["d_v"] + 64:
+            shape["kv_heads"] = s["heads"]  # MHA mode (V3.1 prefill): every head has its own K and V
+        opts = {"dtype": "bf16"} if op.kind == "v4_attention" else {"dtype": "bf16", "causal": 0}
+        return kernel(op.kind, shape, **opts)
     if ROW_OPS.get(op.kind) in ROWWISE_OPS:
         rows = s.get("tokens", s.get("rows", 1)) * s.get("heads", 1)
         dim = s.get("width", s.get("dim", s.get("elements", 1)))
