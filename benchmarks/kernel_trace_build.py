@@ -9,6 +9,10 @@ CASES = [
     ("lightning_indexer", {"tokens": 131072, "keys": 131072}),  # 128K causal prefill
     ("lightning_indexer", {"tokens": 4, "keys": 131072}),  # decode step with MTP
     ("gemm", {"m": 131072, "n": 7168, "k": 2048}),
+    ("sparse_flash_attention", {"tokens": 131072, "keys": 131072}),  # 128K causal prefill, top-2048
+    ("sparse_flash_attention", {"tokens": 64, "keys": 131072}),  # decode batch 64
+    ("flash_attention", {"tokens": 131072, "keys": 131072, "kv_heads": 128}),  # V3.1 MHA prefill
+    ("v4_attention", {"tokens": 131072, "keys": 131072, "ratio": 4, "topk": 512}),  # CSA prefill
 ]
 
 if __name__ == "__main__":
