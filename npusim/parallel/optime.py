@@ -19,7 +19,7 @@ from pathlib import Path
 
 from npusim.engine.result import launch_cost, simulate
 from npusim.graph.ops import Op
-from npusim.kernels.base import Kernel
+from npusim.kernels.base import KERNELS, Kernel
 from npusim.kernels.catalog import kernel
 from npusim.kernels.rowwise import ROW_OPS as ROWWISE_OPS
 from npusim.spec.chip import Chip
@@ -71,7 +71,8 @@ def kernel_for(op: Op, chip: Chip) -> Kernel | None:
                                             "heads": s["heads"], "dim": s["dim"], "topk": s["topk"], "batch": batch},
                       causal=0, dtype=_dtype(op, "q", chip))
     if op.kind in ATTENTION:
-        shape = {k: v for k, v in s.items() if k not in ("tokens", "batch")}
+        accepted = {f.name for f in dataclasses.fields(KERNELS[op.kind])}
+        shape = {k: v for k, v in s.items() if k in accepted and k not in ("tokens", "batch")}
         shape |= {"tokens": max(1, s["tokens"] // batch), "batch": batch, "keys": max(s.get("keys", 1), 1)}
         if op.kind == "flash_attention" and s["d_qk"] != s["d_v"] + 64:
             shape["kv_heads"] = s["heads"]  # MHA mode (V3.1 prefill): every head has its own K and V
