@@ -266,13 +266,16 @@ def _check(model: ModelConfig, phase: str, batch: int, length: int, mtp_tokens: 
 
 
 def build_graph(model: ModelConfig, phase: str, batch: int, length: int, *, mtp_tokens: int = 0,
-                quant: str | QuantScheme | None = None) -> ModelGraph:
-    """The op graph of one prefill (`length` = prompt tokens per sequence) or one decode step (`length` = context:
-    keys the first new token sees, itself included; with MTP, 1 + mtp_tokens queries per sequence)."""
-    _check(model, phase, batch, length, mtp_tokens)
+                quant: str | QuantScheme | None = None, cached: int = 0) -> ModelGraph:
+    """The op graph of one prefill (`length` = prompt tokens per sequence computed now, on top of `cached` already in
+    each sequence's cache: a prefix-cache hit or earlier chunks) or one decode step (`length` = context: keys the
+    first new token sees, itself included; with MTP, 1 + mtp_tokens queries per sequence)."""
+    _check(model, phase, batch, length + cached, mtp_tokens)
+    if cached < 0 or (cached and phase != "prefill"):
+        raise NpusimError(f"cached tokens are a prefill quantity >= 0, got {cached} for {phase}", field="cached")
     scheme = quant if isinstance(quant, QuantScheme) else get_quant(quant or model.default_quant)
     prefill = phase == "prefill"
-    q = Queries(batch=batch, first=1, per_seq=length) if prefill else \
+    q = Queries(batch=batch, first=cached + 1, per_seq=length) if prefill else \
         Queries(batch=batch, first=length, per_seq=1 + mtp_tokens)
     f = _Layers(model, scheme, q)
     head_tokens = batch if prefill else q.tokens  # prefill needs logits of the last position only

@@ -183,8 +183,10 @@ def _comms(name: str, ops: tuple[Op, ...], inst: Instance, model: ModelConfig, q
     return out
 
 
-def shard(model: ModelConfig, plan: Plan, phase: str, *, batch: int, length: int, quant: QuantScheme) -> RankStep:
-    """The busiest rank's step. `batch` is the instance's global batch; `length` the prompt (prefill) or context."""
+def shard(model: ModelConfig, plan: Plan, phase: str, *, batch: int, length: int, quant: QuantScheme,
+          cached: int = 0) -> RankStep:
+    """The busiest rank's step. `batch` is the instance's global batch; `length` the prompt tokens computed now
+    (prefill, on top of `cached` per sequence already in the cache) or the context (decode)."""
     inst = plan.instance(phase)
     a = inst.attention
     replicas = a.dp * inst.instances
@@ -193,7 +195,7 @@ def shard(model: ModelConfig, plan: Plan, phase: str, *, batch: int, length: int
                           file=plan.provenance.file if plan.provenance else None, field="decode.attention.cp")
     per_replica = math.ceil(batch / replicas)
     mtp = plan.mtp.depth
-    graph = build_graph(model, phase, per_replica, length, mtp_tokens=mtp, quant=quant)
+    graph = build_graph(model, phase, per_replica, length, mtp_tokens=mtp, quant=quant, cached=cached)
     token_scale = 1.0 / a.cp if phase == "prefill" else 1.0
     tokens = graph.scenario["tokens"] * token_scale
     seq_tokens = graph.scenario["tokens"]
