@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from npusim.errors import NpusimError
 from npusim.graph import accounting
@@ -18,7 +19,7 @@ from npusim.parallel.step import step_time
 from npusim.results.prediction import Prediction
 from npusim.spec.model import ModelConfig, load_model
 from npusim.spec.plan import Plan, load_plan
-from npusim.spec.quant import get_quant
+from npusim.spec.quant import QuantScheme, get_quant
 from npusim.spec.system import System, load_system
 
 # The bundled default: DeepSeek-V3.2-Exp BF16 at 128K on CloudMatrix384 with the A17 plans (published.md A17).
@@ -38,6 +39,28 @@ def split_overrides(overrides: dict[str, str] | None) -> dict[str, dict[str, str
     return out
 
 
+@dataclass(frozen=True)
+class Setup:
+    """A loaded and checked (system, model, plan, quantisation), `--set` overrides applied: what gets timed."""
+
+    system: System
+    model: ModelConfig
+    plan: Plan
+    quant: QuantScheme
+
+
+def load_setup(hw: str = DEFAULT["hw"], model: str = DEFAULT["model"], plan: str = DEFAULT["plan"],
+               quant: str | None = DEFAULT["quant"], overrides: dict[str, str] | None = None) -> Setup:
+    """Load the named system, model, plan and quantisation (None: the model's own) and refuse a plan that does not
+    divide the model or fit the system."""
+    routed = split_overrides(overrides)
+    system = load_system(hw, routed["hw"])
+    cfg = load_model(model, routed["model"])
+    pl = load_plan(plan, routed["plan"])
+    _check_plan(cfg, pl, system)
+    return Setup(system, cfg, pl, get_quant(quant or cfg.default_quant))
+
+
 def predict(hw: str = DEFAULT["hw"], model: str = DEFAULT["model"], plan: str = DEFAULT["plan"], *,
             input: int = DEFAULT["input"], output: int = DEFAULT["output"], batch: int = DEFAULT["batch"],
             prefill_batch: int = 1, context: int | None = None, quant: str | None = DEFAULT["quant"],
@@ -48,15 +71,11 @@ def predict(hw: str = DEFAULT["hw"], model: str = DEFAULT["model"], plan: str = 
                         ("--prefill-batch", prefill_batch)):
         if value < 1:
             raise NpusimError(f"must be a positive whole number, got {value}", field=name)
-    routed = split_overrides(overrides)
-    system = load_system(hw, routed["hw"])
-    cfg = load_model(model, routed["model"])
-    pl = load_plan(plan, routed["plan"])
-    scheme = get_quant(quant or cfg.default_quant)
+    setup = load_setup(hw, model, plan, quant, overrides)
+    system, cfg, pl, scheme = setup.system, setup.model, setup.plan, setup.quant
     ctx = context if context is not None else input + output // 2
     if ctx < 1:
         raise NpusimError(f"must be a positive whole number, got {ctx}", field="--context")
-    _check_plan(cfg, pl, system)
     steps, mems = {}, {}
     for phase, b, length in (("prefill", prefill_batch, input), ("decode", batch, ctx)):
         step = shard(cfg, pl, phase, batch=b, length=length, quant=scheme)
@@ -68,7 +87,7 @@ def predict(hw: str = DEFAULT["hw"], model: str = DEFAULT["model"], plan: str = 
     pre, dec = pl.instance("prefill"), pl.instance("decode")
     prefill_chips = pre.ranks * pre.instances / dies
     decode_chips = dec.ranks * dec.instances / dies
-    transfer = _kv_transfer(cfg, pl, system, scheme, input) if pl.disaggregated else 0.0
+    transfer = kv_transfer(cfg, pl, system, scheme, input) if pl.disaggregated else 0.0
     accepted = 1.0 + pl.mtp.acceptance
     tpot = steps["decode"].time / accepted
     return Prediction(
@@ -105,8 +124,9 @@ def _check_plan(cfg: ModelConfig, pl: Plan, system: System) -> None:
                           field="ranks")
 
 
-def _kv_transfer(cfg: ModelConfig, pl: Plan, system: System, scheme, input: int) -> float:
-    """One request's caches from the prefill ranks to the decode rank, over the tier joining the instances."""
+def kv_transfer(cfg: ModelConfig, pl: Plan, system: System, scheme, input: int) -> float:
+    """Seconds to move one request's caches (`input` tokens) from the prefill ranks to the decode rank, over the tier
+    joining the instances."""
     size = input * accounting.cache_footprint(cfg, scheme).bytes_per_token
     senders = pl.prefill.ranks  # every prefill rank ships its share (its CP chunks) in parallel
     span = pl.prefill.ranks * pl.prefill.instances + pl.decode.ranks * pl.decode.instances

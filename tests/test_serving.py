@@ -40,13 +40,13 @@ def test_prefix_hits_and_chunks_change_solo_ttft_as_the_step_model_says():
     assert chunked.ttft.iloc[0] == pytest.approx(expect, rel=1e-12)
 
 
-def test_disaggregated_solo_request_pays_the_cache_transfer_once():
+def test_disaggregated_solo_request_pays_the_cache_transfer_once_in_its_ttft():
     link = Link(bandwidth=50e9, latency=20e-6)
     deployment = Deployment(prefill=Pool(), decode=Pool(ranks=2), link=link)
     r = solo(deployment, 3000, 50).requests
     transfer = link.latency + 3000 * CAP.kv_bytes_per_token / link.bandwidth
-    assert r.ttft.iloc[0] == pytest.approx(MODEL.prefill_time(3000, 0, 1), rel=1e-12)
-    assert r.tpot.iloc[0] == pytest.approx(solo_tpot(MODEL, 3000, 50) + transfer / 49, rel=1e-12)
+    assert r.ttft.iloc[0] == pytest.approx(MODEL.prefill_time(3000, 0, 1) + transfer, rel=1e-12)
+    assert r.tpot.iloc[0] == pytest.approx(solo_tpot(MODEL, 3000, 50), rel=1e-12)
     assert r.prefill_rank.iloc[0] == "p0.r0" and r.decode_rank.iloc[0].startswith("d0.")
 
 

@@ -11,9 +11,11 @@ Scheduling on a rank, per step:
   2. prefill: sequences part-way through their prompt get their next chunk, then waiting requests are admitted in
      arrival order while the batch, the token budget and the KV cache (less `kv_headroom`) allow. Admission reserves
      the whole prompt's cache; prefix-cache hits are already there and are not recomputed.
-A mixed step (co-located instances) costs its prefill part plus its decode part. The last prompt chunk emits the
+A mixed step (co-located instances) costs its prefill part plus its decode part. The last prompt chunk computes the
 first token. Disaggregated: the prefill rank keeps the cache until a decode rank has admitted the request and the
-cache has crossed the link; a preempted decode sequence is recomputed on a prefill rank.
+cache has crossed the link, and the first token reaches the user with it, from the decode rank (SGLang / vLLM PD
+serving; so TTFT = prefill + wait for a decode slot + transfer, as `npusim predict` counts it); a preempted decode
+sequence is recomputed on a prefill rank.
 Requests and preempted sequences go to the rank with the least KV load (cache held plus prompts queued).
 """
 
@@ -189,12 +191,13 @@ class Rank:
             if r.prefilled < r.prompt:
                 continue
             r.generated += 1
-            r.times.append(now)
             if r.generated >= r.output:
+                r.times.append(now)
                 self.complete(r, now)
             elif self.instance.decodes:
+                r.times.append(now)
                 r.state = DECODE
-            else:
+            else:  # the token reaches the user with the cache, from the decode rank (transfer())
                 self.running.remove(r)
                 r.state = HANDOFF
                 r.holder = self
@@ -313,6 +316,7 @@ class _Simulation:
             yield self.env.timeout(link.latency + r.kv * src.instance.model.capacity.kv_bytes_per_token
                                    / link.bandwidth)
         src.kv_used -= r.kv
+        r.times.append(self.env.now)
         r.holder = None
         src.instance.kick()
         dst.inbound -= 1
