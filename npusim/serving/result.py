@@ -164,3 +164,11 @@ def _finite(tree):
     if isinstance(tree, dict):
         return {k: _finite(v) for k, v in tree.items()}
     return None if isinstance(tree, float) and math.isnan(tree) else tree
+
+
+def knee(rates, summaries, slo: Slo | None) -> float | None:
+    """The lowest offered rate at which TTFT p99 leaves the SLO (None: no TTFT limit, or it never does). Rates in
+    increasing order, one summary each."""
+    if slo is None or slo.ttft is None:
+        return None
+    return next((rate for rate, s in zip(rates, summaries) if not s.ttft.p99 <= slo.ttft), None)

@@ -1,0 +1,255 @@
+"""`npusim serve`: a deployment under load (request rate, concurrency or trace), every step timed by the engine.
+
+One run prints the latency percentiles, throughput, goodput and SLO attainment; `--rates` sweeps the offered rate and
+finds the knee where TTFT p99 leaves the SLO. The serving package does the work; this module only parses and prints.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import pandas as pd
+
+from npusim import api
+from npusim.cli import common
+from npusim.errors import NpusimError
+from npusim.serving import ClosedLoop, Fixed, LogNormal, OpenLoop, Slo, Uniform, knee, plots, read_trace
+from npusim.serving.load import Load
+from npusim.serving.predicted import MAX_BATCH, TOKEN_BUDGET, ServedPlan
+from npusim.spec import units
+
+DEFAULT_REQUESTS = 200
+DEFAULT_INPUT, DEFAULT_OUTPUT = "8192", "1024"
+
+
+def register(sub) -> None:
+    p = sub.add_parser("serve", help="TTFT / TPOT percentiles, throughput and goodput of a deployment under load "
+                                     "(default: DeepSeek-V3.2-Exp on CloudMatrix384, plans of A17)")
+    d = api.DEFAULT
+    p.add_argument("--hw", default=d["hw"], help=f"system (default {d['hw']})")
+    p.add_argument("--model", default=d["model"], help=f"model name or HF config.json (default {d['model']})")
+    p.add_argument("--plan", default=d["plan"], help=f"plan name or YAML (default {d['plan']})")
+    p.add_argument("--quant", default=d["quant"], help=f"quantisation preset (default {d['quant']}; 'model' = the "
+                                                       "checkpoint's own format)")
+    load = p.add_mutually_exclusive_group(required=True)
+    load.add_argument("--rate", type=float, help="open loop: requests/s (Poisson; see --cv)")
+    load.add_argument("--rates", help="rate sweep R1,R2,...: one run per rate, and the SLO knee")
+    load.add_argument("--concurrency", type=int, help="closed loop: users each waiting for their last request")
+    load.add_argument("--trace", metavar="FILE", help="replay a CSV / JSONL trace (arrival, input, output[, prefix_hit])")
+    stop = p.add_mutually_exclusive_group()
+    stop.add_argument("--requests", type=int, help=f"requests to serve (default {DEFAULT_REQUESTS}; a trace: all)")
+    stop.add_argument("--duration", type=float, help="seconds of simulated time to observe instead")
+    p.add_argument("--input", help=f"prompt tokens: N, uniform:LOW:HIGH or lognormal:MEDIAN:SIGMA[:MAX] "
+                                   f"(default {DEFAULT_INPUT})")
+    p.add_argument("--output", help=f"output tokens, same forms (default {DEFAULT_OUTPUT})")
+    p.add_argument("--prefix-hit", type=float, default=0.0, help="fraction of every prompt in the prefix cache")
+    p.add_argument("--cv", type=float, default=1.0, help="coefficient of variation of inter-arrival gaps "
+                                                         "(1 = Poisson, above 1 bursty)")
+    p.add_argument("--max-batch", type=int, default=MAX_BATCH, help=f"sequences per rank (default {MAX_BATCH})")
+    p.add_argument("--token-budget", type=int, default=TOKEN_BUDGET,
+                   help=f"tokens per rank and step (default {TOKEN_BUDGET})")
+    p.add_argument("--no-chunking", action="store_true", help="prefill long prompts whole instead of in budget chunks")
+    p.add_argument("--slo", help="latency limits, e.g. ttft=2s,tpot=30ms")
+    p.add_argument("--seed", type=int, default=0, help="random seed of arrivals, lengths and MTP draws (default 0)")
+    p.add_argument("--figures", metavar="DIR", help="write figures (latency CDFs and timeline, or the rate sweep)")
+    common.add_set(p)
+    common.add_format(p)
+    p.set_defaults(run=run)
+
+
+def run(args) -> None:
+    slo = parse_slo(args.slo) if args.slo else None
+    if args.trace and (args.input or args.output):
+        raise NpusimError("a trace gives every request's lengths: drop --input / --output", field="--trace")
+    requests = DEFAULT_REQUESTS if args.requests is None and args.duration is None and not args.trace else args.requests
+    rates = parse_rates(args.rates) if args.rates else [args.rate]
+    loads = [make_load(args, rate) for rate in rates]  # refuse a bad load before any engine work
+    setup = api.load_setup(args.hw, args.model, args.plan, None if args.quant == "model" else args.quant,
+                           common.parse_overrides(args.overrides))
+    served = ServedPlan.of(setup, max_batch=args.max_batch, token_budget=args.token_budget,
+                           chunked=not args.no_chunking)
+    figures = Path(args.figures) if args.figures else None
+    if figures:
+        figures.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    if args.rates:
+        sweep(args, served, rates, loads, requests, slo, figures, started)
+    else:
+        single(args, served, loads[0], requests, slo, figures, started)
+
+
+def single(args, served: ServedPlan, load: Load, requests: int | None, slo: Slo | None, figures: Path | None,
+           started: float) -> None:
+    result = served.run(load, seed=args.seed, requests=requests, duration=args.duration, slo=slo, progress=True)
+    wall = time.perf_counter() - started
+    if figures:
+        plots.latency_cdfs(result).savefig(figures / "latency_cdfs.png", dpi=120)
+        plots.timeline(result).savefig(figures / "timeline.png", dpi=120)
+    s = result.summary
+    if args.format == "json":
+        print(json.dumps({"setup": describe(served), "load": describe_load(args, requests), **result.to_json(),
+                          "wall_s": wall}, indent=2))
+        return
+    if args.format == "csv":
+        common.emit(pd.DataFrame([s.flat()]), "csv")
+        return
+    header(served, args, requests)
+    print()
+    common.emit(result.latency_table().round(2), "table", title="latency (ms)")
+    print()
+    print(f"served {s.completed} of {s.requests} requests in {s.window:.1f} s: {s.request_throughput:.3g} requests/s, "
+          f"{s.input_throughput:,.0f} prompt + {s.output_throughput:,.0f} output tokens/s")
+    if slo:
+        print(f"SLO {describe_slo(slo)}: {100 * s.slo_attainment:.1f}% of requests met it; goodput "
+              f"{s.goodput:.3g} requests/s")
+    print(f"mean batch {s.mean_batch:.1f} sequences per step, KV cache {100 * s.kv_usage:.0f}% used, "
+          f"{s.mean_waiting:.2f} requests waiting on average, {s.preemptions} preemptions")
+    footer(served, wall)
+
+
+def sweep(args, served: ServedPlan, rates: list[float], loads: list[Load], requests: int | None, slo: Slo | None,
+          figures: Path | None, started: float) -> None:
+    summaries = []
+    for rate, load in zip(rates, loads):
+        sys.stderr.write(f"rate {rate:g} requests/s\n")
+        summaries.append(served.run(load, seed=args.seed, requests=requests, duration=args.duration, slo=slo,
+                                    progress=True).summary)
+    wall = time.perf_counter() - started
+    frame = pd.DataFrame([{"rate": rate, **s.flat()} for rate, s in zip(rates, summaries)])
+    at = knee(rates, summaries, slo)
+    if figures:
+        plots.rate_sweep(rates, summaries, slo).savefig(figures / "rate_sweep.png", dpi=120)
+    if args.format == "json":
+        common.emit(frame, "json", extra={"setup": describe(served), "load": describe_load(args, requests),
+                                          "slo": asdict(slo) if slo else None, "knee_rate": at, "wall_s": wall})
+        return
+    if args.format == "csv":
+        common.emit(frame, "csv")
+        return
+    header(served, args, requests)
+    print()
+    table = pd.DataFrame({"rate": rates, "ttft_p50_ms": frame.ttft_p50 * 1e3, "ttft_p99_ms": frame.ttft_p99 * 1e3,
+                          "tpot_p50_ms": frame.tpot_p50 * 1e3, "tpot_p99_ms": frame.tpot_p99 * 1e3,
+                          "requests_per_s": frame.request_throughput, "goodput": frame.goodput,
+                          "slo_met_%": frame.slo_attainment * 100 if slo else None})
+    common.emit(table.round(2), "table", title="rate sweep (offered requests/s)")
+    print(knee_sentence(rates, at, slo))
+    footer(served, wall)
+
+
+def knee_sentence(rates: list[float], at: float | None, slo: Slo | None) -> str:
+    if slo is None or slo.ttft is None:
+        return "give --slo ttft=... to locate the knee"
+    limit = units.format(slo.ttft, "time", 3)
+    if at is None:
+        return f"TTFT p99 stays within {limit} up to {rates[-1]:g} requests/s"
+    if at == rates[0]:
+        return f"TTFT p99 is above {limit} already at {at:g} requests/s"
+    before = rates[rates.index(at) - 1]
+    return f"knee: TTFT p99 leaves {limit} between {before:g} and {at:g} requests/s"
+
+
+def header(served: ServedPlan, args, requests: int | None) -> None:
+    s, d = served.setup, served.deployment
+    print(f"{s.model.name} on {s.system.name}, plan {s.plan.name}, {s.quant.name}")
+    pools = f"prefill {d.prefill.instances} x {d.prefill.ranks} DP ranks"
+    pools += f", decode {d.decode.instances} x {d.decode.ranks} DP ranks" if d.decode else " (co-located)"
+    if d.link:
+        pools += (f"; KV link {units.format(d.link.bandwidth, 'bandwidth', 3)} per prefill die, "
+                  f"{units.format(d.link.latency, 'time', 3)} per transfer")
+    print(pools)
+    caps = {role: m.capacity for role, m in served.models.items()}
+    cache = ", ".join(f"{role} {cap.kv_tokens:,} tokens" for role, cap in caps.items()) if d.decode else \
+        f"{caps['prefill'].kv_tokens:,} tokens"
+    cap = caps["decode"]
+    print(f"per rank: KV cache {cache}; max batch {cap.max_batch}, token budget {cap.token_budget}"
+          f"{' (chunked prefill)' if d.chunk_size else ''}; MTP depth {d.mtp.depth}"
+          + (f" accepting each draft with p = {d.mtp.acceptance:.3f}" if d.mtp.depth else ""))
+    print(f"load: {describe_load(args, requests)}")
+
+
+def footer(served: ServedPlan, wall: float) -> None:
+    print(f"wall time {wall:.1f} s ({served.evaluations} engine step predictions)")
+
+
+def describe(served: ServedPlan) -> dict:
+    s = served.setup
+    return {"system": s.system.name, "model": s.model.name, "plan": s.plan.name, "quant": s.quant.name,
+            "deployment": asdict(served.deployment),
+            "capacity": {role: {**asdict(m.capacity), "kv_tokens": m.capacity.kv_tokens}
+                         for role, m in served.models.items()}}
+
+
+def describe_load(args, requests: int | None) -> str:
+    stop = f"{requests} requests" if requests else f"{args.duration:g} s" if args.duration else "whole trace"
+    if args.trace:
+        return f"trace {args.trace}, {stop}, seed {args.seed}"
+    lengths = f"input {args.input or DEFAULT_INPUT}, output {args.output or DEFAULT_OUTPUT}"
+    if args.prefix_hit:
+        lengths += f", prefix hit {args.prefix_hit:g}"
+    if args.concurrency is not None:
+        kind = f"{args.concurrency} concurrent users"
+    else:
+        kind = f"rate {args.rate or args.rates} requests/s, {'Poisson' if args.cv == 1 else f'gamma cv {args.cv:g}'}"
+    return f"{kind}, {lengths}, {stop}, seed {args.seed}"
+
+
+def make_load(args, rate: float | None) -> Load:
+    if args.trace:
+        return read_trace(args.trace)
+    inp = parse_lengths(args.input or DEFAULT_INPUT, "--input")
+    out = parse_lengths(args.output or DEFAULT_OUTPUT, "--output")
+    if args.concurrency is not None:
+        return ClosedLoop(args.concurrency, inp, out, prefix_hit=args.prefix_hit)
+    return OpenLoop(rate, inp, out, cv=args.cv, prefix_hit=args.prefix_hit)
+
+
+def parse_lengths(text: str, option: str):
+    """N, uniform:LOW:HIGH or lognormal:MEDIAN:SIGMA[:MAX]."""
+    kind, *values = text.split(":")
+    forms = "N, uniform:LOW:HIGH or lognormal:MEDIAN:SIGMA[:MAX]"
+    try:
+        if not values:
+            return Fixed(int(kind))
+        if kind == "uniform" and len(values) == 2:
+            return Uniform(int(values[0]), int(values[1]))
+        if kind == "lognormal" and len(values) in (2, 3):
+            return LogNormal(float(values[0]), float(values[1]), high=int(values[2]) if len(values) == 3 else None)
+    except ValueError:
+        pass
+    except NpusimError as exc:
+        raise NpusimError(f"'{text}': {exc.field} {exc.detail}", field=option) from None
+    raise NpusimError(f"'{text}' is not a length distribution; use {forms}", field=option)
+
+
+def parse_rates(text: str) -> list[float]:
+    try:
+        rates = [float(r) for r in text.split(",")]
+    except ValueError:
+        raise NpusimError(f"'{text}' must be comma-separated requests/s, e.g. 0.5,1,2,4", field="--rates") from None
+    if any(not r > 0 for r in rates) or rates != sorted(set(rates)):
+        raise NpusimError(f"'{text}' must be positive rates in increasing order", field="--rates")
+    return rates
+
+
+def parse_slo(text: str) -> Slo:
+    """ttft=2s,tpot=30ms (either or both)."""
+    limits = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        key = key.strip().lower()
+        if not sep or key not in ("ttft", "tpot") or key in limits:
+            raise NpusimError(f"'{text}' must look like ttft=2s,tpot=30ms (each at most once)", field="--slo")
+        try:
+            limits[key] = units.parse(value.strip(), "time")
+        except units.UnitError as exc:
+            raise NpusimError(f"{key}: {exc}", field="--slo") from None
+    return Slo(**limits)
+
+
+def describe_slo(slo: Slo) -> str:
+    return ", ".join(f"{name} {units.format(v, 'time', 3)}" for name, v in asdict(slo).items() if v is not None)

@@ -1,0 +1,114 @@
+"""Serving on the engine: a lone request takes `npusim predict`'s times; capacity, link and MTP come from the plan;
+`npusim serve` end to end and its refusals.
+
+What "equal to predict" means here. A request served alone (concurrency 1) runs its prompt as one prefill step of
+batch 1 on one rank, and decodes at batch 1 on one rank while the other ranks idle. predict's prefill batch is 1 and
+its decode `batch` is global, so the same busiest-rank shape is predict at batch = attention-DP ranks. Hence:
+- TTFT = predict's TTFT exactly: the prefill step, plus the KV transfer when disaggregated (the first token reaches
+  the user with the cache);
+- with output 2 there is one decode step, at context input + 1, so TPOT = predict's decode_step at that context;
+  predict's tpot divides by 1 + mean accepted drafts, while the simulation draws acceptance: with every draft
+  accepted both emit 1 + depth tokens a step, and the simulated TPOT over a longer answer equals predict's tpot at
+  the mean context (step time is near-linear in context there).
+The step models are used unwrapped (no grid) so that interpolation between grid nodes is not part of the comparison.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from npusim import api
+from npusim.graph.accounting import cache_footprint
+from npusim.serving import ClosedLoop, Fixed, simulate
+from npusim.serving.predicted import ServedPlan, kv_link, mtp_from_plan
+
+SMALL = dict(hw="cloudmatrix384", model="deepseek-v3.1", plan="r1-a3-decode-a16", quant="w8a8c8")  # co-located
+PD = dict(hw="cloudmatrix384", model="deepseek-v3.2-exp", plan="v32-a3-pd-a17", quant="bf16")  # disaggregated
+SMALL_ARGS = ("--hw", "cloudmatrix384", "--model", "deepseek-v3.1", "--plan", "r1-a3-decode-a16", "--quant", "w8a8c8",
+              "--input", "2048", "--output", "16")
+
+
+def lone(config, input_tokens, output_tokens, overrides=None):
+    served = ServedPlan.of(api.load_setup(**config, overrides=overrides))
+    raw = {phase: grid.model for phase, grid in served.models.items()}  # same object twice when co-located
+    result = simulate(served.deployment, ClosedLoop(1, Fixed(input_tokens), Fixed(output_tokens)), raw, requests=2)
+    ranks = (served.deployment.decode or served.deployment.prefill).ranks
+    return result.requests, ranks
+
+
+@pytest.mark.parametrize("config", [SMALL, PD], ids=["co-located", "disaggregated"])
+def test_a_lone_request_takes_predicts_ttft_and_decode_step(config):
+    r, ranks = lone(config, 2048, 2)
+    p = api.predict(**config, input=2048, output=2, batch=ranks, context=2049)
+    assert r.ttft.tolist() == pytest.approx([p.ttft] * 2, rel=1e-12)
+    assert r.tpot.tolist() == pytest.approx([p.decode_step] * 2, rel=1e-12)
+    assert (p.kv_transfer > 0) == (config is PD)
+
+
+def test_with_every_draft_accepted_a_lone_requests_tpot_is_predicts_tpot():
+    every = {"plan.mtp.acceptance": "1"}  # MTP1: each step emits 2 tokens, as predict's tpot assumes
+    r, ranks = lone(SMALL, 2048, 17, every)
+    p = api.predict(**SMALL, input=2048, output=17, batch=ranks, overrides=every)  # context 2048 + 8, the mean
+    assert r.tpot.iloc[0] == pytest.approx(p.tpot, rel=1e-3)
+
+
+def test_capacity_link_and_mtp_come_from_the_plan():
+    setup = api.load_setup(**PD)
+    served = ServedPlan.of(setup)
+    d, pre, dec = served.deployment, served.models["prefill"].capacity, served.models["decode"].capacity
+    assert (d.prefill.ranks, d.decode.ranks) == (1, 128)  # CP64 prefill is one DP rank; decode DP128
+    per_token = cache_footprint(setup.model, setup.quant).bytes_per_token
+    assert dec.kv_bytes_per_token == per_token and pre.kv_bytes_per_token == per_token / 64  # CP splits the cache
+    mem = api.predict(**PD, input=2048, output=2, batch=128).memory["decode"]
+    assert dec.kv_capacity <= mem.capacity - mem.weights - mem.comm_buffers
+    for tokens in (1, 2048, 131072):
+        link = kv_link(setup)
+        sim_time = link.latency + tokens * pre.kv_bytes_per_token / link.bandwidth
+        assert sim_time == pytest.approx(api.kv_transfer(setup.model, setup.plan, setup.system, setup.quant, tokens),
+                                         rel=1e-9)
+    mtp3 = mtp_from_plan(api.load_setup(**PD, overrides={"plan.mtp.depth": "3", "plan.mtp.acceptance": "1.44"}).plan)
+    p = mtp3.acceptance
+    assert p + p**2 + p**3 == pytest.approx(1.44, rel=1e-9)
+    assert np.mean(mtp3.emitted(np.random.default_rng(0), 200_000)) == pytest.approx(2.44, rel=0.01)
+    assert served.models["prefill"] is not served.models["decode"]
+    co = ServedPlan.of(api.load_setup(**SMALL))
+    assert co.models["prefill"] is co.models["decode"] and co.deployment.mtp.acceptance == pytest.approx(0.7)
+
+
+def test_serve_cli_runs_end_to_end(cli, tmp_path):
+    run = cli("serve", *SMALL_ARGS, "--rate", "20", "--requests", "100", "--slo", "ttft=3s,tpot=100ms",
+              "--format", "json", "--figures", tmp_path)
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert out["summary"]["completed"] == 100 and out["slo"] == {"ttft": 3.0, "tpot": 0.1}
+    assert out["setup"]["plan"] == "r1-a3-decode-a16" and "requests done" in run.stderr  # the progress line
+    assert (tmp_path / "latency_cdfs.png").exists() and (tmp_path / "timeline.png").exists()
+    table = cli("serve", *SMALL_ARGS, "--concurrency", "2", "--requests", "4")
+    assert table.returncode == 0, table.stderr
+    assert "latency (ms)" in table.stdout and "ttft" in table.stdout
+
+
+def test_serve_cli_rate_sweep_finds_the_knee(cli, tmp_path):
+    run = cli("serve", *SMALL_ARGS, "--rates", "1,1000", "--requests", "300", "--slo", "ttft=2s", "--figures", tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "knee: TTFT p99 leaves 2 s between 1 and 1000 requests/s" in run.stdout
+    assert (tmp_path / "rate_sweep.png").exists()
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--trace", "TRACE"), "line 3"),
+    (("--plan", "no-such-plan", "--rate", "1"), "no-such-plan"),
+    (("--rate", "-1"), "must be positive"),
+    ((), "one of the arguments --rate --rates --concurrency --trace is required"),
+    (("--rates", "4,2"), "increasing order"),
+    (("--rate", "1", "--slo", "ttft=fast"), "--slo"),
+    (("--rate", "1", "--input", "gauss:5"), "not a length distribution"),
+])
+def test_serve_cli_refuses_bad_input_in_one_sentence(cli, tmp_path, args, says):
+    trace = tmp_path / "bad.csv"
+    trace.write_text("arrival,input,output\n0.0,100,10\n0.5,abc,10\n")
+    run = cli("serve", *(str(trace) if a == "TRACE" else a for a in args), "--requests", "5")
+    assert run.returncode == 2
+    assert says in run.stderr and "Traceback" not in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1
