@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -15,7 +16,8 @@ from npusim.graph import accounting
 from npusim.parallel.collectives import Collective, collective_time
 from npusim.parallel.memory import memory, require_fit
 from npusim.parallel.shard import shard
-from npusim.parallel.step import step_time
+from npusim.parallel.step import StepTime, step_time
+from npusim.results.energy import step_energy
 from npusim.results.prediction import Prediction
 from npusim.spec.model import ModelConfig, load_model
 from npusim.spec.plan import Plan, load_plan
@@ -78,11 +80,15 @@ def predict(hw: str = DEFAULT["hw"], model: str = DEFAULT["model"], plan: str = 
         raise NpusimError(f"must be a positive whole number, got {ctx}", field="--context")
     steps, mems = {}, {}
     for phase, b, length in (("prefill", prefill_batch, input), ("decode", batch, ctx)):
-        step = shard(cfg, pl, phase, batch=b, length=length, quant=scheme)
-        mem = memory(cfg, pl, step, scheme, system.chip_spec, length)
-        require_fit(mem, phase, pl.provenance.file)
-        steps[phase] = step_time(step, pl, system)
-        mems[phase] = mem
+        chunks = _chunks(length, pl.prefill_chunk if phase == "prefill" else 0)
+        timed = []
+        for cached, size in chunks:
+            step = shard(cfg, pl, phase, batch=b, length=size, quant=scheme, cached=cached)
+            mem = memory(cfg, pl, step, scheme, system.chip_spec, length)
+            require_fit(mem, phase, pl.provenance.file)
+            timed.append(step_time(step, pl, system))
+            mems[phase] = mem if phase not in mems or mem.total > mems[phase].total else mems[phase]
+        steps[phase] = timed[0] if len(timed) == 1 else chained(timed)
     dies = system.chip_spec.dies
     pre, dec = pl.instance("prefill"), pl.instance("decode")
     prefill_chips = pre.ranks * pre.instances / dies
@@ -90,6 +96,8 @@ def predict(hw: str = DEFAULT["hw"], model: str = DEFAULT["model"], plan: str = 
     transfer = kv_transfer(cfg, pl, system, scheme, input) if pl.disaggregated else 0.0
     accepted = 1.0 + pl.mtp.acceptance
     tpot = steps["decode"].time / accepted
+    chip = system.chip_spec
+    energy = {p: step_energy(steps[p], chip) for p in steps} if chip.energy else {}
     return Prediction(
         system=system.name, model=cfg.name, plan=pl.name, quant=scheme.name,
         scenario={"input": input, "output": output, "batch": batch, "prefill_batch": prefill_batch, "context": ctx},
@@ -98,7 +106,23 @@ def predict(hw: str = DEFAULT["hw"], model: str = DEFAULT["model"], plan: str = 
         prefill_chips=prefill_chips, decode_chips=decode_chips, memory=mems,
         tokens_per_s_per_chip=batch / tpot / decode_chips,
         prefill_tokens_per_s_per_chip=prefill_batch * input / steps["prefill"].time / prefill_chips,
-        overrides=dict(overrides or {}))
+        overrides=dict(overrides or {}), energy=energy,
+        joules_per_token={"prefill": energy["prefill"].joules * pre.ranks / (prefill_batch * input),
+                          "decode": energy["decode"].joules * dec.ranks * dec.instances / (batch * accepted)}
+        if energy else {})
+
+
+def _chunks(length: int, chunk: int) -> list[tuple[int, int]]:
+    """(cached, size) of each chunk of a prompt: the whole prompt when `chunk` is 0 or not smaller."""
+    if not chunk or chunk >= length:
+        return [(0, length)]
+    return [(start, min(chunk, length - start)) for start in range(0, length, chunk)]
+
+
+def chained(steps: list[StepTime]) -> StepTime:
+    """Chunks of a prefill run one after the other: their layers in sequence, each named by its chunk."""
+    layers = tuple(dataclasses.replace(lt, name=f"chunk{i}.{lt.name}") for i, s in enumerate(steps) for lt in s.layers)
+    return StepTime(steps[0].phase, sum(s.time for s in steps), layers)
 
 
 def _check_plan(cfg: ModelConfig, pl: Plan, system: System) -> None:

@@ -93,7 +93,13 @@ def kv_bytes(model: ModelConfig, plan: Plan, step: RankStep, quant: QuantScheme,
         return own + gathered + step.sequences * fp.fixed_bytes_per_sequence
     seqs = step.sequences
     total_len = context + plan.mtp.depth
-    return seqs * (total_len * fp.bytes_per_token + fp.fixed_bytes_per_sequence) * layers_share
+    resident = total_len * fp.bytes_per_token
+    if step.phase == "decode" and plan.kv_offload.enabled:
+        # the latent KV lives in host memory; the indexer's keys (it must score every row) and the step's selected
+        # rows stay on the device
+        kv = min(1.0, accounting.kv_row_bytes(model, quant) * model.num_hidden_layers / fp.bytes_per_token)
+        resident *= (1.0 - kv) + kv * min(1.0, (model.index_topk or total_len) / total_len)
+    return seqs * (resident + fp.fixed_bytes_per_sequence) * layers_share
 
 
 def activation_bytes(step: RankStep) -> float:

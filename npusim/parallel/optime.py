@@ -4,6 +4,10 @@ tiling yet — its roofline at the chip's calibrated efficiencies. Each result s
 Ops map onto kernels by kind: linears and absorption BMMs onto the GEMM tiling with the dtype scheme of their
 weights; routed experts onto a batched GEMM over the touched experts (rows spread evenly); the Lightning Indexer
 onto its tiling with the op's query-key pairs; norms, RoPE and quantisation onto the row-wise vector kernel.
+
+How the step runs an op (`OpRun`) acts on the mechanism it names: the plan's kernel options become the kernel's
+tiling; a buffering depth rewrites the trace's slot semaphores; a core partition simulates the kernel on that many
+cores with their share of HBM and L2; a fused group's intermediates are read from / written to L2 instead of HBM.
 """
 
 from __future__ import annotations
@@ -19,10 +23,13 @@ from pathlib import Path
 
 from npusim.engine.result import launch_cost, simulate
 from npusim.graph.ops import Op
-from npusim.kernels.base import KERNELS, Kernel
+from npusim.errors import NpusimError, did_you_mean
+from npusim.kernels.base import KERNELS, Kernel, capacity
 from npusim.kernels.catalog import kernel
 from npusim.kernels.rowwise import ROW_OPS as ROWWISE_OPS
+from npusim.kernels.trace import Instr, Loop, Node, Program, Trace, check_fits
 from npusim.spec.chip import Chip
+from npusim.spec.plan import KernelOptions
 
 GEMM_SCHEMES = {"bf16": "bf16", "fp16": "fp16", "int8": "int8", "int4": "int8", "fp8": "fp8", "mxfp8": "mxfp8",
                 "mxfp4": "mxfp4"}  # int4 weights run the int8 cube path (Ascend W4A8 unpacks to int8)
@@ -37,6 +44,30 @@ class OpTime:
     roofline: float
     bound: str
     model: str  # "engine" (simulated tile trace) | "roofline" (no tiling yet: roofline / calibrated efficiency)
+    activity: "Activity | None" = None  # what the launch did, for the energy model
+
+
+@dataclass(frozen=True)
+class Activity:
+    """Work one launch did on one rank: the inputs of the activity-based energy model."""
+
+    cube_flops: float = 0.0
+    vector_flops: float = 0.0
+    hbm_bytes: float = 0.0
+    l2_bytes: float = 0.0
+    core_bytes: float = 0.0  # moved inside the AI cores: L1->L0 (MTE1), L0C out (FIXPIPE), UB streaming (VECTOR)
+
+
+@dataclass(frozen=True)
+class OpRun:
+    """How the step runs one op: launch mode, the plan's kernel options, the AIC of its core partition (0 = all)
+    and, inside a fused group, whether its activation input and its output stay on chip."""
+
+    launch: str = "graph"
+    options: KernelOptions | None = None
+    cores: int = 0
+    input_on_chip: bool = False
+    output_on_chip: bool = False
 
 
 def _scheme(op: Op, chip: Chip) -> str:
@@ -53,12 +84,27 @@ def _dtype(op: Op, key: str, chip: Chip) -> str:
     return dt if dt in chip.aic.cube.flop_per_cycle else "bf16"
 
 
-def kernel_for(op: Op, chip: Chip) -> Kernel | None:
-    """The tiling that implements `op`, or None when the op's kind has no tiling yet.
+def kernel_for(op: Op, chip: Chip, options: KernelOptions | None = None) -> Kernel | None:
+    """The tiling that implements `op` with the plan's tile options for its kernel, or None when the op's kind has no
+    tiling yet.
 
     Attention-like ops carry their total query-key `pairs`; a `batch` key (sequences, set by the sharding) splits
     `tokens` into per-sequence queries so each sequence's keys are read once.
     """
+    k = _default_kernel(op, chip)
+    tiling = options.tiling() if options else {}
+    if k is None or not tiling:
+        return k
+    allowed = set(type(k).options)
+    for key in tiling:
+        if key not in allowed:
+            raise NpusimError(f"kernel {k.name} has no option '{key}'{did_you_mean(key, allowed)}; its options: "
+                              f"{', '.join(sorted(allowed - {'dtype', 'out_dtype', 'op', 'causal', 'scale', 'counts'}))}",
+                              field=f"kernels.{k.name}.{key}")
+    return dataclasses.replace(k, **tiling)
+
+
+def _default_kernel(op: Op, chip: Chip) -> Kernel | None:
     s = op.shape
     batch = s.get("batch", 1)
     if op.kind == "gemm":
@@ -88,23 +134,101 @@ def kernel_for(op: Op, chip: Chip) -> Kernel | None:
 _memo: dict[str, OpTime] = {}
 
 
-def op_time(op: Op, chip: Chip, launch: str = "graph") -> OpTime:
+def op_time(op: Op, chip: Chip, run: OpRun | str = "graph") -> OpTime:
     """Memoised by content, in the process and on disk: identical ops (61 layers, sweep points, later runs) cost
     one simulation. The disk key includes a fingerprint of the kernel and engine code, so edits never reuse stale
-    results."""
+    results. `run` is an OpRun or just a launch mode."""
+    run = OpRun(run) if isinstance(run, str) else run
+    chip = partition(chip, run.cores)
     key = hashlib.blake2b(repr((op.kind, op.unit, sorted(op.shape.items()), sorted(op.dtypes.items()), op.flops,
-                                op.bytes, chip, launch, _code_fingerprint())).encode(), digest_size=16).hexdigest()
+                                op.bytes, chip, run, _code_fingerprint())).encode(), digest_size=16).hexdigest()
     hit = _memo.get(key) or _disk_get(key)
     if hit is None:
-        k = kernel_for(op, chip)
+        k = kernel_for(op, chip, run.options)
         if k is not None:
-            r = simulate(k.trace(chip), chip, launch=launch)
-            hit = OpTime(op.name, op.kind, r.time, r.roofline, r.bound, "engine")
+            trace = on_chip(buffered(k.trace(chip), run.options.buffering if run.options else 0, chip),
+                            ACTIVATION_INPUT.get(k.name, ""), run.input_on_chip, run.output_on_chip)
+            try:
+                r = simulate(trace, chip, launch=run.launch)
+            except NpusimError as exc:
+                if "deadlock" not in str(exc) or not trace.tiling.get("buffering"):
+                    raise
+                raise NpusimError(f"kernel {k.name} cannot run with buffering {trace.tiling['buffering']}: its slots "
+                                  f"are released in pairs ({exc})", field=f"kernels.{k.name}.buffering") from None
+            hit = OpTime(op.name, op.kind, r.time, r.roofline, r.bound, "engine", _trace_activity(trace, r))
         else:
-            hit = _analytic(op, chip, launch)
+            hit = _analytic(op, chip, run)
         _disk_put(key, hit)
     _memo[key] = hit
     return dataclasses.replace(hit, op=op.name)
+
+
+def partition(chip: Chip, aic: int) -> Chip:
+    """The chip as a kernel on a partition of `aic` cube cores sees it: that many AIC with their AIVs, and the same
+    share of HBM and L2 bandwidth (the other partition's stream contends for them). 0 = the whole chip."""
+    if not aic or aic == chip.aic.count:
+        return chip
+    if not 0 < aic < chip.aic.count:
+        raise NpusimError(f"a core partition of {aic} AIC must leave cores for the other stream ({chip.name} has "
+                          f"{chip.aic.count})", field="streams.attention_cores")
+    share = aic / chip.aic.count
+    r = dataclasses.replace
+    return r(chip, aic=r(chip.aic, count=aic), aiv=r(chip.aiv, count=round(chip.aiv.count * share)),
+             hbm=r(chip.hbm, bandwidth=chip.hbm.bandwidth * share),
+             l2=r(chip.l2, read_bandwidth=chip.l2.read_bandwidth * share))
+
+
+# The GM tensor holding each kernel's activation input (what a fused group's previous member produced).
+ACTIVATION_INPUT = {"gemm": "a", "grouped_gemm": "a", "rowwise": "x"}
+
+
+def buffered(trace: Trace, depth: int, chip: Chip) -> Trace:
+    """The trace with every double-buffered slot (a 'free' semaphore starting at 2) `depth` deep: 1 = single
+    buffering (the producer waits until the consumer has drained the one slot), 3 = triple. Buffer use scales with
+    the depth (an upper bound where a level also holds single-buffered tiles); a depth that does not fit is refused.
+    0 keeps the kernel as written."""
+    if not depth:
+        return trace
+    groups = tuple(dataclasses.replace(g, flags={n: depth if "free" in n and c == 2 else c for n, c in g.flags.items()})
+                   for g in trace.groups)
+    t = dataclasses.replace(trace, groups=groups, buffers={lvl: used * max(1.0, depth / 2)
+                                                           for lvl, used in trace.buffers.items()},
+                            tiling={**trace.tiling, "buffering": depth})
+    check_fits(t, capacity(chip))
+    return t
+
+
+def on_chip(trace: Trace, input_name: str, inputs: bool, outputs: bool) -> Trace:
+    """Inside a fused group: reads of the activation input (`input_name`) and writes of the op's outputs (not its
+    per-core workspaces) are served by L2 instead of HBM."""
+    if not (inputs and input_name) and not outputs:
+        return trace
+
+    def instr(i: Instr) -> Instr:
+        act = i.action
+        if inputs and i.src == "gm" and act is not None and any(r.name == input_name for r in act.ins):
+            return dataclasses.replace(i, hit=1.0)
+        if outputs and i.dst == "gm" and act is not None and act.out is not None and not act.out.name.startswith("ws."):
+            return dataclasses.replace(i, hit=1.0)
+        return i
+
+    def body(nodes: tuple[Node, ...]) -> tuple[Node, ...]:
+        return tuple(dataclasses.replace(n, body=body(n.body)) if isinstance(n, Loop) else instr(n) for n in nodes)
+
+    groups = tuple(dataclasses.replace(g, aic=Program(g.aic.core, body(g.aic.body)) if g.aic else None,
+                                       aiv=tuple(Program(p.core, body(p.body)) for p in g.aiv)) for g in trace.groups)
+    return dataclasses.replace(trace, groups=groups)
+
+
+def _trace_activity(trace: Trace, r) -> Activity:
+    totals = trace.pipe_totals()
+
+    def get(pipe: str, what: str) -> float:
+        return totals.get(pipe, {}).get(what, 0.0)
+
+    return Activity(cube_flops=get("cube", "flops"), vector_flops=get("vector", "flops"), hbm_bytes=r.hbm_bytes,
+                    l2_bytes=r.l2_bytes, core_bytes=get("mte1", "bytes") + get("fixpipe", "bytes") +
+                    get("vector", "bytes"))
 
 
 @functools.cache
@@ -128,7 +252,9 @@ def _disk_get(key: str) -> OpTime | None:
     if d is None:
         return None
     try:
-        return OpTime(**json.loads((d / key[:2] / f"{key}.json").read_text()))
+        data = json.loads((d / key[:2] / f"{key}.json").read_text())
+        data["activity"] = Activity(**data["activity"]) if data.get("activity") else None
+        return OpTime(**data)
     except (OSError, ValueError, TypeError):
         return None
 
@@ -147,9 +273,13 @@ def _disk_put(key: str, value: OpTime) -> None:
         pass  # a read-only home is not an error: the in-process memo still works
 
 
-def _analytic(op: Op, chip: Chip, launch: str) -> OpTime:
-    """Roofline of the op's FLOPs and bytes, each unit at its calibrated efficiency."""
+def _analytic(op: Op, chip: Chip, run: OpRun) -> OpTime:
+    """Roofline of the op's FLOPs and bytes, each unit at its calibrated efficiency; inside a fused group the
+    activation input and the output move through L2 instead of HBM."""
     eff = chip.efficiency
+    on_l2 = ((op.bytes_read - op.weight_bytes) if run.input_on_chip else 0.0) + \
+        (op.bytes_written if run.output_on_chip else 0.0)
+    hbm = op.bytes - on_l2
     if op.unit == "cube":
         dt = _scheme(op, chip)
         compute = op.flops / chip.peak_cube_flops(dt)
@@ -157,8 +287,12 @@ def _analytic(op: Op, chip: Chip, launch: str) -> OpTime:
     else:
         compute = op.flops / chip.peak_vector_flops("fp32")
         compute_eff = compute / eff.vector
-    memory = op.bytes / chip.hbm.bandwidth
+    memory = max(hbm / chip.hbm.bandwidth, on_l2 / chip.l2.read_bandwidth)
+    memory_eff = max(hbm / (chip.hbm.bandwidth * eff.hbm), on_l2 / (chip.l2.read_bandwidth * eff.l2))
     roof = max(compute, memory)
     bound = "cube" if op.unit == "cube" and compute >= memory else ("vector" if compute >= memory else "hbm")
-    return OpTime(op.name, op.kind, max(compute_eff, memory / eff.hbm) + launch_cost(chip, launch), roof, bound,
-                  "roofline")
+    cube = op.unit == "cube"
+    activity = Activity(cube_flops=op.flops if cube else 0.0, vector_flops=0.0 if cube else op.flops,
+                        hbm_bytes=hbm, l2_bytes=on_l2)
+    return OpTime(op.name, op.kind, max(compute_eff, memory_eff) + launch_cost(chip, run.launch), roof, bound,
+                  "roofline", activity)

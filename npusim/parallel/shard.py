@@ -49,6 +49,7 @@ class RankLayer:
     ops: tuple[Op, ...]
     comms: tuple[Comm, ...]
     repeat: int
+    host_bytes: float = 0.0  # KV rows gathered from host memory before attention (KV offload)
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,19 @@ def _comms(name: str, ops: tuple[Op, ...], inst: Instance, model: ModelConfig, q
     return out
 
 
+def _offload_bytes(ops: tuple[Op, ...], plan: Plan, model: ModelConfig, quant: QuantScheme, phase: str) -> float:
+    """Decode with the KV cache in host memory: every query's selected rows (top-k, or the whole context of a dense
+    layer) that are not already on the device from earlier steps cross the host link."""
+    if phase != "decode" or not plan.kv_offload.enabled:
+        return 0.0
+    att = next((o for o in ops if o.name == "attention"), None)
+    if att is None:
+        return 0.0
+    s = att.shape
+    rows = s["tokens"] * min(s.get("topk") or s["keys"], s["keys"])
+    return rows * accounting.kv_row_bytes(model, quant) * (1.0 - plan.kv_offload.reuse)
+
+
 def shard(model: ModelConfig, plan: Plan, phase: str, *, batch: int, length: int, quant: QuantScheme,
           cached: int = 0) -> RankStep:
     """The busiest rank's step. `batch` is the instance's global batch; `length` the prompt tokens computed now
@@ -203,6 +217,6 @@ def shard(model: ModelConfig, plan: Plan, phase: str, *, batch: int, length: int
     for lg in graph.layers:
         ops = tuple(shard_op(op, inst, model, plan, token_scale) for op in lg.ops)
         comms = tuple(_comms(lg.name, ops, inst, model, quant, tokens, seq_tokens, phase))
-        layers.append(RankLayer(lg.name, ops, comms, lg.repeat))
+        layers.append(RankLayer(lg.name, ops, comms, lg.repeat, _offload_bytes(ops, plan, model, quant, phase)))
     return RankStep(phase=phase, instance=inst, sequences=per_replica * token_scale, tokens=math.ceil(tokens),
                     layers=tuple(layers), graph=graph)

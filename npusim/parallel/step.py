@@ -5,6 +5,11 @@ Streams: `compute` runs the kernels in graph order; `comm` runs the collectives 
 communication overlap off); `side` runs the shared expert when the plan puts it on a side stream. A kernel that
 consumes a collective's output waits for it; with two microbatches each layer runs twice at half the tokens,
 interleaved so that one microbatch's collectives overlap the other's kernels.
+
+Plan switches act here on the schedule: fused groups run back to back with one launch and their intermediates on
+chip (fusion.py); with `streams.attention_cores` the attention ops run on an `attn` stream holding that many cores
+and the FFN/MoE ops on an `ffn` stream holding the rest, each kernel simulated on its partition, so one microbatch's
+attention overlaps the other's MoE; with KV offload, a `host` stream gathers the selected cache rows before attention.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from dataclasses import dataclass
 
 from npusim.engine.streams import Task, Timeline, run_streams
 from npusim.parallel.collectives import CommResult, collective_time
-from npusim.parallel.optime import OpTime, op_time
+from npusim.parallel.fusion import Placement, placements, unfused_topk
+from npusim.parallel.optime import ATTENTION, ROW_OPS, Activity, OpRun, OpTime, op_time
 from npusim.parallel.shard import SIDE_STREAM_OPS, RankLayer, RankStep
 from npusim.spec.plan import Plan
 from npusim.spec.system import System
@@ -32,6 +38,9 @@ class LayerTime:
     ops: tuple[OpTime, ...]
     comms: tuple[tuple[str, CommResult], ...]
     timeline: Timeline
+    activity: Activity = Activity()  # one layer, all microbatches
+    link_bytes: float = 0.0  # collective bytes of one layer over the links
+    host_bytes: float = 0.0  # KV rows gathered from host memory in one layer
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,29 @@ class StepTime:
     def exposed_comm(self) -> float:
         return sum(lt.exposed_comm * lt.repeat for lt in self.layers)
 
+    @property
+    def activity(self) -> Activity:
+        """Work of the whole step on one rank (every layer times its repeats)."""
+        return add_activity((lt.activity, lt.repeat) for lt in self.layers)
+
+    @property
+    def link_bytes(self) -> float:
+        return sum(lt.link_bytes * lt.repeat for lt in self.layers)
+
+    @property
+    def host_bytes(self) -> float:
+        return sum(lt.host_bytes * lt.repeat for lt in self.layers)
+
+
+def add_activity(parts) -> Activity:
+    """Sum of (activity, multiplicity) pairs."""
+    fields = [f.name for f in dataclasses.fields(Activity)]
+    total = dict.fromkeys(fields, 0.0)
+    for a, n in parts:
+        for f in fields:
+            total[f] += getattr(a, f) * n
+    return Activity(**total)
+
 
 def _halve(layer: RankLayer) -> RankLayer:
     """One of two microbatches: every token-proportional quantity halved (weights still read in full)."""
@@ -60,19 +92,56 @@ def _halve(layer: RankLayer) -> RankLayer:
     ops = tuple(_scale_op(op, tokens=0.5, weights=1.0) for op in layer.ops)
     comms = tuple(dataclasses.replace(c, collective=dataclasses.replace(c.collective, bytes=c.collective.bytes / 2))
                   for c in layer.comms)
-    return RankLayer(layer.name, ops, comms, layer.repeat)
+    return RankLayer(layer.name, ops, comms, layer.repeat, layer.host_bytes / 2)
+
+
+def _with_topk(layer: RankLayer, plan: Plan) -> RankLayer:
+    """Without the in-kernel top-k, a separate selection kernel follows the indexer."""
+    if plan.fusion.li_topk or not any(o.kind == "lightning_indexer" for o in layer.ops):
+        return layer
+    ops = []
+    for op in layer.ops:
+        ops.append(op)
+        if op.kind == "lightning_indexer":
+            ops.append(unfused_topk(op))
+    return dataclasses.replace(layer, ops=tuple(ops))
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Which stream and how many cores each op of a layer gets."""
+
+    split: int  # op index where the FFN/MoE stream starts (len(ops): no split)
+    attn_cores: int  # AIC of the attention partition (0: whole chip for everything)
+    total: int
+
+    def of(self, index: int) -> tuple[str, int]:
+        """(stream, AIC) of the op at `index`: AIC 0 in a kernel run means the whole chip."""
+        if not self.attn_cores:
+            return "compute", 0
+        return ("attn", self.attn_cores) if index < self.split else ("ffn", self.total - self.attn_cores)
+
+
+def _partition(names: list[str], plan: Plan, total: int) -> Partition:
+    n = plan.streams.attention_cores
+    if not n or "ffn_norm" not in names:
+        return Partition(len(names), 0, total)
+    return Partition(names.index("ffn_norm"), n, total)
 
 
 def layer_time(layer: RankLayer, plan: Plan, system: System) -> LayerTime:
     chip = system.chip_spec
     launch = "graph" if plan.streams.graph_mode else "eager"
     micro = 2 if plan.streams.two_microbatch else 1
+    layer = _with_topk(layer, plan)
     parts = [_halve(layer)] * micro if micro == 2 else [layer]
     comm_stream = "comm" if plan.streams.comm_overlap else "compute"
     tasks: list[Task] = []
     op_times: list[OpTime] = []
     comm_times: list[tuple[str, CommResult]] = []
     names = [o.name for o in layer.ops]
+    fused = placements(names, plan.fusion)
+    cores = _partition(names, plan, chip.aic.count)
     for mb, part in enumerate(parts):
         tag = f"mb{mb}." if micro > 1 else ""
         feeds = {c.before: [] for c in part.comms}
@@ -82,35 +151,52 @@ def layer_time(layer: RankLayer, plan: Plan, system: System) -> LayerTime:
         for c in part.comms:
             comm_after.setdefault(c.after, []).append(c)
         prev_compute = None
-        for op in part.ops:
-            t = op_time(op, chip, launch)
+        for i, op in enumerate(part.ops):
+            place = fused.get(op.name, Placement())
+            stream, aic = cores.of(i)
+            t = op_time(op, chip, OpRun(launch if place.first else "none", plan.kernels.get(_kernel_name(op)), aic,
+                                        place.input_on_chip, place.output_on_chip))
             if mb == 0:
                 op_times.append(t)
             side = plan.streams.shared_expert_side_stream and op.name in SIDE_STREAM_OPS
-            stream = "side" if side else "compute"
+            stream = "side" if side else stream
             after = list(feeds.get(op.name, ()))
             if prev_compute and not side:
                 after.append(prev_compute)
             if side and op.name == SIDE_STREAM_OPS[0]:
                 after.append(tag + names[names.index(op.name) - 1 - _gate_offset(names, op.name)])
-            tasks.append(Task(tag + op.name, stream, t.time, tuple(after), resource="cores", units=chip.aic.count))
+            if part.host_bytes and op.kind in ATTENTION:
+                tasks.append(Task(tag + "kv_offload_gather", "host", part.host_bytes / system.host_link,
+                                  (prev_compute,) if prev_compute else (), resource="host", units=1, category="comm"))
+                after.append(tag + "kv_offload_gather")
+            tasks.append(Task(tag + op.name, stream, t.time, tuple(after), resource="cores",
+                              units=aic or chip.aic.count))
             if not side:
                 prev_compute = tag + op.name
             for c in comm_after.get(op.name, ()):
                 r = collective_time(c.collective, system)
                 if mb == 0:
                     comm_times.append((c.name, r))
-                tasks.append(Task(tag + c.name, comm_stream, r.time, (tag + op.name,), resource="link", units=1,
+                # gating fused into the dispatch: tokens leave as their routing is computed, from the gate's start
+                src = op.name if not (c.after == "moe_gate" and "moe_gate" in fused) else names[i - 1]
+                tasks.append(Task(tag + c.name, comm_stream, r.time, (tag + src,), resource="link", units=1,
                                   category="comm"))
         # the layer ends when everything of the microbatch has finished (side stream and trailing collectives)
         ends = [t.name for t in tasks if t.name.startswith(tag) and t.name != prev_compute]
         tasks.append(Task(tag + "layer_end", "compute", 0.0, tuple(ends), resource=""))
     tasks = _interleave(tasks, micro)
-    tl = run_streams(tasks, {"cores": chip.aic.count, "link": 1})
+    tl = run_streams(tasks, {"cores": chip.aic.count, "link": 1, "host": 1})
     compute = tl.busy("compute")
     comm = sum(r.time for _, r in comm_times) * micro
+    activity = add_activity((t.activity or Activity(), micro) for t in op_times)
+    link_bytes = sum(c.collective.bytes for c in layer.comms)
     return LayerTime(layer.name, layer.repeat, tl.makespan, compute, comm, tl.exposed("comm"), tuple(op_times),
-                     tuple(comm_times), tl)
+                     tuple(comm_times), tl, activity, link_bytes, layer.host_bytes)
+
+
+def _kernel_name(op) -> str:
+    """The kernel an op runs (the name a plan's `kernels:` options are given under)."""
+    return "rowwise" if op.kind in ROW_OPS else op.kind
 
 
 def _gate_offset(names: list[str], first_side: str) -> int:

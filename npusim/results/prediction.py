@@ -9,6 +9,7 @@ import pandas as pd
 
 from npusim.parallel.memory import Memory
 from npusim.parallel.step import StepTime
+from npusim.results.energy import StepEnergy
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,11 @@ class Prediction:
     tokens_per_s_per_chip: float  # decode output tokens/s per chip
     prefill_tokens_per_s_per_chip: float
     overrides: dict[str, str] = field(default_factory=dict)
+    energy: dict[str, "StepEnergy"] = field(default_factory=dict)  # per phase, one rank's step (chip without energy: {})
+    joules_per_token: dict[str, float] = field(default_factory=dict)  # per phase: prompt tokens / output tokens
+
+    def tflops_per_watt(self, phase: str) -> float:
+        return self.energy[phase].tflops_per_watt if phase in self.energy else float("nan")
 
     def summary(self) -> dict[str, float | str]:
         return {
@@ -39,6 +45,9 @@ class Prediction:
             "prefill_tokens_per_s_per_chip": self.prefill_tokens_per_s_per_chip,
             "prefill_chips": self.prefill_chips, "decode_chips": self.decode_chips,
             **{f"{phase}_memory_per_rank_bytes": m.total for phase, m in self.memory.items()},
+            **{f"{phase}_joules_per_token": j for phase, j in self.joules_per_token.items()},
+            **{f"{phase}_tflops_per_watt": self.tflops_per_watt(phase) for phase in self.energy},
+            **{f"{phase}_watts_per_rank": e.watts for phase, e in self.energy.items()},
         }
 
     def breakdown(self, phase: str) -> pd.DataFrame:

@@ -100,6 +100,21 @@ class Power:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Energy:
+    """Activity-based power: the share of the dynamic power (power.tdp - power.idle) each unit draws when it runs at
+    its full rate (cube at peak BF16, vector at peak FP32, HBM and L2 at their bandwidths, the on-core moves of MTE1,
+    FIXPIPE and the vector unit at their pipe rates). The shares sum to 1, so a chip at full load on every unit draws
+    its TDP; energy per FLOP or per byte follows (results/energy.py). Links are priced per byte apart."""
+
+    cube: float = ratio()
+    vector: float = ratio()
+    hbm: float = ratio()
+    l2: float = ratio()
+    core: float = ratio(doc="on-core data movement (L1->L0, L0C out, UB streaming)")
+    link: float = quantity("energy", doc="per byte sent over a chip-to-chip or host link (SerDes, PHY, switch)")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Efficiency:
     """Achievable fractions of peak: named, calibrated parameters (fitted to published.md in later issues)."""
 
@@ -125,6 +140,7 @@ class Chip:
     die_to_die: float | None = quantity("bandwidth", default=None, doc="per direction between the dies of a package")
     overheads: Overheads
     power: Power
+    energy: Energy | None = None
     efficiency: Efficiency
     price: float = quantity("money", doc="per package")
     provenance: Provenance = internal()
@@ -196,6 +212,11 @@ class Chip:
                     problems.append((f"{where}.{p}", f"is not a pipe of this core (allowed: {', '.join(allowed)})"))
         if self.hbm.usable > self.hbm.capacity:
             problems.append(("hbm.usable", "is larger than hbm.capacity"))
+        if self.energy is not None:
+            e = self.energy
+            shares = e.cube + e.vector + e.hbm + e.l2 + e.core
+            if abs(shares - 1.0) > 1e-6:
+                problems.append(("energy", f"the unit shares of the dynamic power must sum to 1, got {shares:g}"))
         if self.dies > 1 and self.die_to_die is None:
             problems.append(("die_to_die", "is missing: a package of several dies needs the die-to-die bandwidth"))
         return problems

@@ -8,7 +8,7 @@ elsewhere (published.md §0).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from npusim.spec.catalog import Catalog, Provenance
 from npusim.spec.schema import count, flag, internal, quantity, text
@@ -91,6 +91,49 @@ class Streams:
     comm_overlap: bool = flag(default=True, doc="collectives on their own stream, overlapping compute")
     two_microbatch: bool = flag(default=False, doc="two microbatches interleave compute and communication")
     graph_mode: bool = flag(default=True, doc="captured graph launch instead of eager per-kernel launch")
+    attention_cores: int = count(default=0, minimum=0,
+                                 doc="AIC (with their AIVs) given to the attention stream; the FFN/MoE stream gets the "
+                                     "rest and the two run side by side. 0 = every kernel on all cores, one stream")
+
+
+@dataclass(frozen=True, kw_only=True)
+class KernelOptions:
+    """Tiling options of one kernel, passed to it as written (0 = the kernel's own choice)."""
+
+    block_m: int = count(default=0, minimum=0, doc="query rows per block (attention, lightning indexer)")
+    block_n: int = count(default=0, minimum=0, doc="keys per block (attention, lightning indexer)")
+    base_m: int = count(default=0, minimum=0, doc="GEMM L0 block rows")
+    base_n: int = count(default=0, minimum=0, doc="GEMM L0 block columns")
+    base_k: int = count(default=0, minimum=0, doc="GEMM L0 block depth")
+    step_k: int = count(default=0, minimum=0, doc="GEMM L0 blocks per L1 tile")
+    block_rows: int = count(default=0, minimum=0, doc="rows per block of a row-wise vector kernel")
+    buffering: int = count(default=2, minimum=1,
+                           doc="buffer depth of the pipelined loops: 1 single, 2 double, 3 triple buffering")
+
+    def tiling(self) -> dict[str, int]:
+        """The tile sizes that were set (buffering apart: it rewrites the trace, see optime.buffered)."""
+        return {k: v for k, v in vars(self).items() if k != "buffering" and v}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fusion:
+    """Fused operators: a fused group is one launch whose intermediate tensors stay on chip (L2) instead of a round
+    trip through HBM per op. Defaults are the graph as built (unfused prologs, the indexer's top-k in its kernel)."""
+
+    mla_prolog: bool = flag(default=False, doc="norm, q/kv down and up projections, norms, RoPE, cache write as one")
+    indexer_prolog: bool = flag(default=False, doc="indexer q/k projections, norm, RoPE, Hadamard, weights as one")
+    li_topk: bool = flag(default=True, doc="top-k selected inside the indexer kernel (else scores go through HBM)")
+    moe_gating_dispatch: bool = flag(default=False,
+                                     doc="gating fused into the dispatch: tokens leave as their routing is known")
+
+
+@dataclass(frozen=True, kw_only=True)
+class KvOffload:
+    """Decode KV cache held in host memory; each step gathers the rows the indexer selects over the host link."""
+
+    enabled: bool = flag(default=False)
+    reuse: float = quantity("number", default=0.0, minimum=0.0, strict=False,
+                            doc="fraction of a step's selected rows already on the device from earlier steps (0-1)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +145,12 @@ class Plan:
     mtp: Mtp = Mtp()
     eplb: Eplb = Eplb()
     streams: Streams = Streams()
+    kernels: dict[str, KernelOptions] = field(default_factory=dict, metadata={"doc": "options per kernel name"})
+    fusion: Fusion = Fusion()
+    prefill_chunk: int = count(default=0, minimum=0,
+                               doc="chunked prefill: prompt tokens per chunk, each attending to the cached prefix "
+                                   "(0 = the whole prompt at once)")
+    kv_offload: KvOffload = KvOffload()
     comm_buffer: float = quantity("bytes", default=200 * 2**20,
                                   doc="HCCL buffer per communication group (HCCL_BUFFSIZE default 200 MB)")
     kv_transfer_tier: str = text(default="", doc="system tier that carries prefill->decode KV; '' = innermost holding both")
@@ -131,6 +180,8 @@ class Plan:
             inst = getattr(self, role)
             if inst is not None:
                 p += inst.check(role)
+        if self.kv_offload.reuse > 1:
+            p.append(("kv_offload.reuse", f"is a fraction (0-1), got {self.kv_offload.reuse:g}"))
         if self.mtp.acceptance > self.mtp.depth:
             p.append(("mtp.acceptance", f"{self.mtp.acceptance:g} accepted drafts is more than mtp.depth ({self.mtp.depth})"))
         return p
