@@ -4,6 +4,7 @@ import pytest
 
 from npusim.errors import NpusimError
 from npusim.kernels import catalog
+from npusim.kernels.base import cdiv
 from npusim.kernels.trace import unroll
 from npusim.spec.chip import load_chip
 
@@ -14,7 +15,7 @@ def chip():
 
 
 def test_gemm_waves_fold_into_full_and_tail_groups(chip):
-    t = catalog.kernel("gemm", {"m": 1000, "n": 640, "k": 512}).trace(chip)
+    t = catalog.kernel("gemm", {"m": 1000, "n": 640, "k": 512, "base_m": 128, "base_n": 128}).trace(chip)
     blocks = t.tiling["blocks"]
     assert blocks == 8 * 5
     assert sum(g.copies for g in t.groups) == chip.aic.count
@@ -22,10 +23,25 @@ def test_gemm_waves_fold_into_full_and_tail_groups(chip):
     assert t.pipe_totals()["cube"]["flops"] >= t.flops
 
 
-def test_gemm_tiles_fit_l0_double_buffered(chip):
+def test_gemm_default_tiling_is_the_expert_one(chip):
+    """Large GEMMs: pto-isa's 128x256x64 blocks, step_k 4, one L0C accumulator (published.md K20); decode GEMMs
+    (m tiny): n dealt evenly over all cores so the weights stream from HBM on every core."""
     t = catalog.kernel("gemm", {"m": 4096, "n": 4096, "k": 4096}).trace(chip)
-    assert (t.tiling["base_m"], t.tiling["base_n"], t.tiling["base_k"]) == (128, 128, 128)
-    assert t.buffers["l0a"] == chip.aic.buffers.l0a
+    assert {k: t.tiling[k] for k in ("base_m", "base_n", "base_k", "step_k", "l0c_depth")} == {
+        "base_m": 128, "base_n": 256, "base_k": 64, "step_k": 4, "l0c_depth": 1}
+    assert t.buffers["l0b"] == chip.aic.buffers.l0b and t.buffers["l0c"] == chip.aic.buffers.l0c
+    d = catalog.kernel("gemm", {"m": 4, "n": 7168, "k": 2048}).trace(chip)
+    assert d.tiling["base_m"] == 16 and d.tiling["blocks"] == chip.aic.count
+
+
+def test_gemm_l2_reuse_follows_the_reread_operand(chip):
+    """Walking along n, the A panel is fetched once per row of blocks and B (75 MB, fits L2) once in all."""
+    k = catalog.kernel("gemm", {"m": 6144, "n": 6144, "k": 6144, "dtype": "fp16", "out_dtype": "fp32"})
+    t = k.tiling(chip)
+    assert t.by_row and t.l2_hits(chip, k.problem) == pytest.approx((1 - 1 / 24, 1 - 1 / 48))
+    huge = catalog.kernel("gemm", {"m": 8192, "n": 131072, "k": 7168})  # B 1.9 GB: walk along m, re-read A
+    ht = huge.tiling(chip)
+    assert not ht.by_row and ht.l2_hits(chip, huge.problem)[0] == pytest.approx(1 - 1 / cdiv(131072, ht.base_n))
 
 
 def test_overflowing_tiling_is_refused_saying_by_how_much(chip):
@@ -66,7 +82,8 @@ def test_unknown_kernel_and_shape_key_are_plain_errors():
 
 def test_grouped_gemm_band_per_expert(chip):
     even = catalog.kernel("grouped_gemm", {"rows": 4096, "k": 7168, "n": 4096, "experts": 32}).trace(chip)
-    assert even.tiling["experts"] == 32 and even.tiling["blocks"] == 32 * 1 * 32
+    tl = even.tiling
+    assert tl["experts"] == 32 and tl["blocks"] == 32 * cdiv(128, tl["base_m"]) * cdiv(4096, tl["base_n"])
     skew = catalog.kernel("grouped_gemm", {"rows": 300, "k": 512, "n": 256, "experts": 3, "counts": "0,290,10"}
                           ).trace(chip)
     assert skew.tiling["experts"] == 2  # the idle expert costs nothing

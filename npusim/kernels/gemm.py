@@ -8,12 +8,13 @@ in waves. Grouped GEMM (MoE experts) is the same block body with one band of blo
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
 from npusim.errors import NpusimError
-from npusim.kernels.base import (Band, Kernel, Work, addr, cdiv, distribute, ins, nbytes, need_cube, pingpong,
-                                 register, scaled)
+from npusim.kernels.base import (Band, Kernel, Work, addr, capacity, cdiv, distribute, ins, nbytes, need_cube,
+                                 pingpong, register, scaled)
 from npusim.kernels.tile import Act, Lin, Ref, lin
 from npusim.kernels.trace import Instr, Node, Trace
 from npusim.spec.chip import Chip
@@ -43,7 +44,11 @@ SCHEMES = {
     "mxfp4": Scheme("mxfp4", "fp4e2m1", 32, "e8m0"),
 }
 
-GEMM_FLAGS = {"l1.free": 2, "l1.full": 0, "l0.free": 2, "l0.full": 0, "l0c.free": 2, "l0c.full": 0}
+
+def gemm_flags(l0c_depth: int) -> dict[str, int]:
+    """L1 and L0A/L0B double-buffered; `l0c_depth` accumulators (2: FIXPIPE drains one while the cube fills the
+    other; 1: one block twice as large, its write-out not overlapped)."""
+    return {"l1.free": 2, "l1.full": 0, "l0.free": 2, "l0.full": 0, "l0c.free": l0c_depth, "l0c.full": 0}
 
 
 def scheme_of(name: str) -> Scheme:
@@ -53,59 +58,177 @@ def scheme_of(name: str) -> Scheme:
 
 
 @dataclass(frozen=True)
+class GemmShape:
+    """What the tiler needs to know of the problem: sizes, scheme and output dtype."""
+
+    m: int
+    n: int
+    k: int
+    batch: int
+    scheme: Scheme
+    out_dtype: str
+
+    def scale_bytes(self, rows: int, cols: int, depth: int) -> float:
+        """Block-scale bytes loaded with an L1 tile: `rows` rows of A and `cols` columns of B, `depth` deep."""
+        sch = self.scheme
+        if not sch.scale or sch.fixpipe_dequant:
+            return 0.0
+        per = 1.0 if sch.scale == "e8m0" else 4.0
+        nq = cdiv(depth, sch.qblock)
+        return per * nq * (rows + cols / (1 if sch.scale == "e8m0" else sch.b_block_n))
+
+
+BLOCK_SIZES = (16, 32, 64, 128, 256)  # candidate base_m / base_n: fractal multiples up to the 256 of Ascend tilers
+BALANCED_MAX = 512  # estimate: largest block edge dealt evenly over the cores (L0B still double-buffers 16 deep)
+
+
+@dataclass(frozen=True)
 class CubeTiling:
-    """Block sizes of one cube matmul: L0 blocks base_m x base_k x base_n, L1 tiles step_k base_k deep."""
+    """Block sizes of one cube matmul: L0 blocks base_m x base_k x base_n, L1 tiles step_k base_k deep, `l0c_depth`
+    accumulators in L0C, and the block order: `by_row` walks along n (consecutive blocks share the A panel, B is
+    re-read once per row of blocks), otherwise along m (the B panel shared, A re-read)."""
 
     base_m: int
     base_n: int
     base_k: int
     step_k: int
+    l0c_depth: int = 2
+    by_row: bool = True
 
     @property
     def k_l1(self) -> int:
         return self.base_k * self.step_k
 
     @classmethod
-    def choose(cls, chip: Chip, dtype: str, m: int, n: int, k: int, base_m=0, base_n=0, base_k=0, step_k=0,
-               l1_share: float = 0.5, qblock: int = 0) -> "CubeTiling":
-        """Largest fractal-aligned blocks that double-buffer in L0A/L0B/L0C (the 2x32 KB / 2x64 KB split of
-        models.md §3.1) and leave `l1_share` of L1 for the operand tiles; explicit sizes win. With block scales
-        (`qblock` K elements per scale) an L0 step never straddles two scale blocks."""
-        need_cube(chip, dtype)
-        fm, fk, fn = chip.aic.cube.fractal[dtype]
-        buf = chip.aic.buffers
-        eb = nbytes(dtype, 1)
-        bm = base_m or min(128, cdiv(m, fm) * fm)
-        bn = base_n or min(max(fn, int(buf.l0c / 2 / 4 / bm) // fn * fn), 128 if m >= 128 else 256, cdiv(n, fn) * fn)
-        bk = base_k or min(int(buf.l0a / 2 / (bm * eb)) // fk * fk, int(buf.l0b / 2 / (bn * eb)) // fk * fk,
-                           cdiv(k, fk) * fk)
-        if qblock and not base_k:
-            bk = bk // qblock * qblock if bk >= qblock else max(f for f in range(fk, bk + 1, fk) if qblock % f == 0)
-        if qblock and (bk % qblock if bk >= qblock else qblock % bk):
-            raise NpusimError(f"base_k={bk} must be a multiple or a divisor of the {qblock}-element scale block",
+    def choose(cls, chip: Chip, p: GemmShape, base_m=0, base_n=0, base_k=0, step_k=0, l0c_depth=0,
+               by_row: bool | None = None) -> "CubeTiling":
+        """What an Ascend tiler picks: of the fractal-aligned base_m x base_n blocks whose `l0c_depth` (1 or 2)
+        fp32 accumulators fit L0C, with base_k filling L0A/L0B double-buffered and step_k (a power of two) filling
+        L1 double-buffered, the one `estimate` says finishes first (explicit sizes win). The block order re-reads
+        the operand with the smaller footprint. With block scales (`qblock` K elements per scale) an L0 step never
+        straddles two scale blocks."""
+        dt = p.scheme.cube
+        need_cube(chip, dt)
+        fm, fk, fn = chip.aic.cube.fractal[dt]
+        buf, cap = chip.aic.buffers, capacity(chip)
+        eb = nbytes(dt, 1)
+        if by_row is None:
+            by_row = p.n <= p.m  # re-read B unless it is the larger operand
+
+        def sizes(fixed: int, dim: int, f: int, other: int) -> list[int]:
+            """Powers of two up to 256, and the sizes that deal the blocks evenly over the cores in 1-4 waves when
+            the other dim has `other` blocks (e.g. a decode GEMM's n split 24 ways)."""
+            if fixed:
+                return [fixed]
+            top = cdiv(dim, f) * f
+            even = {f * cdiv(cdiv(dim, f), w * chip.aic.count // other) for w in (1, 2, 3, 4)
+                    if w * chip.aic.count >= other}
+            return sorted({min(s, top) for s in BLOCK_SIZES if s % f == 0} | {s for s in even if s <= BALANCED_MAX})
+
+        cands = []
+        for bm in sizes(base_m, p.m, fm, 1):
+            for bn in sizes(base_n, p.n, fn, p.batch * cdiv(p.m, bm)):
+                for depth in ((l0c_depth,) if l0c_depth else (2, 1)):
+                    bk = base_k or _base_k(buf, bm, bn, eb, fk, p.k, p.scheme.qblock)
+                    if bk <= 0:
+                        continue
+                    sk = step_k or _step_k(buf.l1, p, bm, bn, bk)
+                    t = cls(bm, bn, bk, sk, depth, by_row)
+                    fits = all(used <= cap[lv] for lv, used in t.buffers(p).items())
+                    cands.append((not fits, t.estimate(chip, p) if fits else 0.0, -depth, t))
+        if not cands:
+            raise NpusimError(f"no base_k fits L0A/L0B for base_m={base_m} base_n={base_n} on {chip.name}",
                               field="tiling.base_k")
-        for name, size, f in (("base_m", bm, fm), ("base_k", bk, fk), ("base_n", bn, fn)):
+        t = min(cands, key=lambda c: c[:3])[3]
+        sch = p.scheme
+        if sch.qblock and (t.base_k % sch.qblock if t.base_k >= sch.qblock else sch.qblock % t.base_k):
+            raise NpusimError(f"base_k={t.base_k} must be a multiple or a divisor of the {sch.qblock}-element scale "
+                              "block", field="tiling.base_k")
+        for name, size, f in (("base_m", t.base_m, fm), ("base_k", t.base_k, fk), ("base_n", t.base_n, fn)):
             if size <= 0 or size % f:
-                raise NpusimError(f"{name}={size} must be a positive multiple of the {dtype} fractal {f} on {chip.name}",
+                raise NpusimError(f"{name}={size} must be a positive multiple of the {dt} fractal {f} on {chip.name}",
                                   field=f"tiling.{name}")
-        sk = step_k or next((s for s in (4, 2, 1) if 2 * (bm + bn) * bk * s * eb <= buf.l1 * l1_share
-                             and bk * s <= cdiv(k, bk) * bk), 1)
-        return cls(bm, bn, bk, sk)
+        return t
 
-    def buffers(self, dtype: str) -> dict[str, float]:
-        return {"l1": 2 * nbytes(dtype, (self.base_m + self.base_n) * self.k_l1),
-                "l0a": 2 * nbytes(dtype, self.base_m * self.base_k), "l0b": 2 * nbytes(dtype, self.base_k * self.base_n),
-                "l0c": 2 * 4.0 * self.base_m * self.base_n}
+    def describe(self) -> dict[str, int | str]:
+        return {"base_m": self.base_m, "base_n": self.base_n, "base_k": self.base_k, "step_k": self.step_k,
+                "l0c_depth": self.l0c_depth, "order": "along n" if self.by_row else "along m"}
+
+    def buffers(self, p: GemmShape) -> dict[str, float]:
+        dt = p.scheme.cube
+        return {"l1": 2 * (nbytes(dt, (self.base_m + self.base_n) * self.k_l1)
+                           + p.scale_bytes(self.base_m, self.base_n, self.k_l1)),
+                "l0a": 2 * nbytes(dt, self.base_m * self.base_k), "l0b": 2 * nbytes(dt, self.base_k * self.base_n),
+                "l0c": self.l0c_depth * 4.0 * self.base_m * self.base_n}
+
+    def l2_hits(self, chip: Chip, p: GemmShape) -> tuple[float, float]:
+        """Fraction of the A and B tile reads served by L2. Consecutive blocks share the panel of the operand they
+        do not walk (read from HBM once: 1 - 1/blocks sharing it); the walked operand (B when by_row) is re-read
+        once per row of blocks, from L2 when its footprint plus the panel and output row touched in between fit
+        in L2, otherwise shared only by the blocks of one wave that need the same panel."""
+        tm, tn = cdiv(p.m, self.base_m), cdiv(p.n, self.base_n)
+        eb, ob = nbytes(p.scheme.cube, 1), nbytes(p.out_dtype, 1)
+        outer, walk = (tm, tn) if self.by_row else (tn, tm)
+        # bytes touched between two reads of a walked panel: the walked operand, one shared panel, one output row
+        if self.by_row:
+            reuse = p.k * p.n * eb + self.base_m * p.k * eb + self.base_m * p.n * ob
+        else:
+            reuse = p.m * p.k * eb + self.base_n * p.k * eb + p.m * self.base_n * ob
+        wave = min(chip.aic.count, p.batch * tm * tn)
+        shared = 1 - 1 / walk
+        reread = 1 - 1 / outer if reuse <= chip.l2.size else 1 - min(walk, wave) / wave
+        return (shared, reread) if self.by_row else (reread, shared)
+
+    def estimate(self, chip: Chip, p: GemmShape) -> float:
+        """Seconds of the whole GEMM as the engine runs it, wave by wave: the cores of a wave start together, so
+        their MTE2 loads (A, then B, in order) share L2 and HBM at the same moments; a block takes its slowest
+        pipe (cube, MTE2, MTE1) plus its FIXPIPE write-out when that is not overlapped (one L0C accumulator).
+        The tiler's cost model for ranking candidates; the engine times the chosen trace."""
+        dt, bm, bn, k = p.scheme.cube, self.base_m, self.base_n, p.k
+        aic, eff, clock = chip.aic, chip.efficiency, chip.clock
+        fk = aic.cube.fractal[dt][1]
+        a, b = nbytes(dt, bm, k), nbytes(dt, k, bn)
+        mte2, mte1, fix = aic.pipes["mte2"], aic.pipes["mte1"], aic.pipes["fixpipe"]
+        cap = mte2.routes.get("gm>l1", mte2.bytes_per_cycle) * clock
+        hbm_bw, l2_bw = chip.hbm.bandwidth * eff.hbm, chip.l2.read_bandwidth * eff.l2
+        cube = 2.0 * bm * bn * cdiv(k, fk) * fk / (aic.cube.flop_per_cycle[dt] * clock * eff.cube)
+        copy = (a / mte1.routes.get("l1>l0a", mte1.bytes_per_cycle) + b / mte1.routes.get("l1>l0b",
+                                                                                          mte1.bytes_per_cycle)) / clock
+        out = nbytes(p.out_dtype, bm, bn) / (fix.bytes_per_cycle * clock)
+        ha, hb = self.l2_hits(chip, p)
+        loads = ((a, ha), (b, hb), (p.scale_bytes(bm, bn, k), 1.0))
+
+        tiles, lat = cdiv(k, self.k_l1), mte2.latency_cycles / clock
+
+        def wave(cores: int) -> float:
+            # per L1 tile: each load at its share of the servers, its start-up hidden behind the previous load
+            durs = [max(x / cap, cores * x * (1 - h) / hbm_bw, cores * x * h / l2_bw) / tiles for x, h in loads if x]
+            load = tiles * sum(d + max(0.0, lat - durs[i - 1]) for i, d in enumerate(durs))
+            write = cores * nbytes(p.out_dtype, bm, bn) / hbm_bw
+            return max(cube, copy, load, write) + (out if self.l0c_depth == 1 else 0.0)
+
+        full, tail = divmod(p.batch * cdiv(p.m, bm) * cdiv(p.n, bn), aic.count)
+        return full * wave(aic.count) + (wave(tail) if tail else 0.0) + out
 
 
-def l2_hits(chip: Chip, cores: int, tiles_m: int, tiles_n: int, fits_l2: bool) -> tuple[float, float]:
-    """Fraction of A and B tile reads served by L2: everything after the first read when the operands fit in L2,
-    otherwise only the sharing between the blocks of one wave (row-major block order)."""
-    if fits_l2:
-        return 1 - 1 / tiles_n, 1 - 1 / tiles_m
-    wave = min(cores, tiles_m * tiles_n)
-    rows, cols = min(tiles_m, cdiv(wave, tiles_n)), min(tiles_n, wave)
-    return 1 - rows / wave, 1 - cols / wave
+def _base_k(buf, bm: int, bn: int, eb: float, fk: int, k: int, qblock: int) -> int:
+    """The deepest fractal-aligned K step whose A and B blocks double-buffer in L0A / L0B, aligned to the scale
+    block (a multiple of it, or a divisor when smaller)."""
+    bk = min(int(buf.l0a / 2 / (bm * eb)) // fk * fk, int(buf.l0b / 2 / (bn * eb)) // fk * fk, cdiv(k, fk) * fk)
+    if qblock and bk >= qblock:
+        return bk // qblock * qblock
+    if qblock:
+        return max((f for f in range(fk, bk + 1, fk) if qblock % f == 0), default=0)
+    return bk
+
+
+def _step_k(l1: float, p: GemmShape, bm: int, bn: int, bk: int) -> int:
+    """The largest power-of-two number of K steps per L1 tile that double-buffers in L1 without passing K."""
+    s = 1
+    while (bk * s * 2 <= cdiv(p.k, bk) * bk and
+           2 * (nbytes(p.scheme.cube, (bm + bn) * bk * s * 2) + p.scale_bytes(bm, bn, bk * s * 2)) <= l1):
+        s *= 2
+    return s
 
 
 def cube_block(t: CubeTiling, sch: Scheme, k: int, a: Ref, b: Ref, out: Ref, out_dtype: str, hits: tuple[float, float],
@@ -190,7 +313,7 @@ class Gemm(Kernel):
     """C[batch, m, n] = A[batch, m, k] @ B[batch, k, n] (batch = 1: a plain GEMM; a GEMV is m small)."""
 
     name: ClassVar[str] = "gemm"
-    options: ClassVar[tuple[str, ...]] = ("dtype", "out_dtype", "base_m", "base_n", "base_k", "step_k")
+    options: ClassVar[tuple[str, ...]] = ("dtype", "out_dtype", "base_m", "base_n", "base_k", "step_k", "l0c_depth")
     m: int
     n: int
     k: int
@@ -201,14 +324,19 @@ class Gemm(Kernel):
     base_n: int = 0
     base_k: int = 0
     step_k: int = 0
+    l0c_depth: int = 0  # L0C accumulators, 1 or 2 (0 = the tiler's choice)
 
     @property
     def scheme(self) -> Scheme:
         return scheme_of(self.dtype)
 
+    @property
+    def problem(self) -> GemmShape:
+        return GemmShape(self.m, self.n, self.k, self.batch, self.scheme, self.out_dtype)
+
     def tiling(self, chip: Chip) -> CubeTiling:
-        return CubeTiling.choose(chip, self.scheme.cube, self.m, self.n, self.k, self.base_m, self.base_n,
-                                 self.base_k, self.step_k, qblock=self.scheme.qblock)
+        return CubeTiling.choose(chip, self.problem, self.base_m, self.base_n, self.base_k, self.step_k,
+                                 self.l0c_depth)
 
     def work(self) -> Work:
         dt = self.scheme.cube
@@ -219,21 +347,24 @@ class Gemm(Kernel):
         t, sch = self.tiling(chip), self.scheme
         tm, tn = cdiv(self.m, t.base_m), cdiv(self.n, t.base_n)
         w = self.work()
-        hits = l2_hits(chip, chip.aic.count, tm, tn, w.hbm_bytes <= chip.l2.size)
         nq = cdiv(self.k, sch.qblock) if sch.qblock else 1
-        bi, mi, ni = lin(("blk", 1), div=tm * tn), lin(("blk", 1), div=tn, mod=tm), lin(("blk", 1), mod=tn)
+        bi = lin(("blk", 1), div=tm * tn)
+        if t.by_row:
+            mi, ni = lin(("blk", 1), div=tn, mod=tm), lin(("blk", 1), mod=tn)
+        else:
+            mi, ni = lin(("blk", 1), mod=tm), lin(("blk", 1), div=tm, mod=tn)
         a = Ref("a", (Lin(0, (("bi", 1),)), Lin(0, (("mi", t.base_m),)), 0), (1, t.base_m, 0), (None, self.m, self.k))
         b = Ref("b", (Lin(0, (("bi", 1),)), 0, Lin(0, (("ni", t.base_n),))), (1, 0, t.base_n), (None, self.k, self.n))
         sa = Ref("sa", (Lin(0, (("bi", 1),)), Lin(0, (("mi", t.base_m),)), 0), (1, t.base_m, nq), (None, self.m, nq))
         sb = Ref("sb", (Lin(0, (("bi", 1),)), 0, Lin(0, (("ni", t.base_n),))), (1, nq, t.base_n), (None, nq, self.n))
         out = Ref("c", (Lin(0, (("bi", 1),)), Lin(0, (("mi", t.base_m),)), Lin(0, (("ni", t.base_n),))),
                   (1, t.base_m, t.base_n), (None, self.m, self.n))
-        body = (addr(bi=bi, mi=mi, ni=ni),) + cube_block(t, sch, self.k, a, b, out, self.out_dtype, hits,
+        body = (addr(bi=bi, mi=mi, ni=ni),) + cube_block(t, sch, self.k, a, b, out, self.out_dtype,
+                                                         t.l2_hits(chip, self.problem),
                                                          sa if sch.scale else None, sb if sch.scale else None)
-        groups = distribute([Band(self.batch * tm * tn, body)], chip.aic.count, GEMM_FLAGS)
-        return Trace(self.name, chip.name, self.shape, groups, w.cube_flops, w.hbm_bytes, t.buffers(sch.cube),
-                     {"base_m": t.base_m, "base_n": t.base_n, "base_k": t.base_k, "step_k": t.step_k,
-                      "blocks": self.batch * tm * tn, "scheme": self.dtype}, dtype=sch.cube)
+        groups = distribute([Band(self.batch * tm * tn, body)], chip.aic.count, gemm_flags(t.l0c_depth))
+        return Trace(self.name, chip.name, self.shape, groups, w.cube_flops, w.hbm_bytes, t.buffers(self.problem),
+                     t.describe() | {"blocks": self.batch * tm * tn, "scheme": self.dtype}, dtype=sch.cube)
 
 
 @register
@@ -244,7 +375,8 @@ class GroupedGemm(Kernel):
     partial wave rather than a whole GEMM launch."""
 
     name: ClassVar[str] = "grouped_gemm"
-    options: ClassVar[tuple[str, ...]] = ("dtype", "out_dtype", "counts", "base_m", "base_n", "base_k", "step_k")
+    options: ClassVar[tuple[str, ...]] = ("dtype", "out_dtype", "counts", "base_m", "base_n", "base_k", "step_k",
+                                          "l0c_depth")
     rows: int
     k: int
     n: int
@@ -256,6 +388,7 @@ class GroupedGemm(Kernel):
     base_n: int = 0
     base_k: int = 0
     step_k: int = 0
+    l0c_depth: int = 0
 
     def rows_per_expert(self) -> list[int]:
         if not self.counts:
@@ -276,13 +409,16 @@ class GroupedGemm(Kernel):
     def build(self, chip: Chip) -> Trace:
         sch = scheme_of(self.dtype)
         per = self.rows_per_expert()
-        t = CubeTiling.choose(chip, sch.cube, max(per), self.n, self.k, self.base_m, self.base_n, self.base_k,
-                              self.step_k, qblock=sch.qblock)
+        used = [m for m in per if m]
+        # one expert's blocks walk along n (its rows are few); the tiler sees an average expert, batched
+        p = GemmShape(max(1, cdiv(self.rows, max(1, len(used)))), self.n, self.k, max(1, len(used)), sch,
+                      self.out_dtype)
+        t = CubeTiling.choose(chip, dataclasses.replace(p, m=max(per)), self.base_m, self.base_n, self.base_k,
+                              self.step_k, self.l0c_depth, by_row=True)
         tn = cdiv(self.n, t.base_n)
         nq = cdiv(self.k, sch.qblock) if sch.qblock else 1
         w = self.work()
-        hits = l2_hits(chip, chip.aic.count, max(1, cdiv(self.rows, max(1, len(per)) * t.base_m)), tn,
-                       w.hbm_bytes <= chip.l2.size)
+        hits = t.l2_hits(chip, p)
         # band constants: ex (expert), r0 (its first row), rend (one past its last row)
         mi, ni = lin(("blk", 1), div=tn), lin(("blk", 1), mod=tn)
         row = Lin(0, (("r0", 1), ("mi", t.base_m)))
@@ -298,8 +434,7 @@ class GroupedGemm(Kernel):
             if m:
                 bands.append(Band(cdiv(m, t.base_m) * tn, body, bind=(("ex", e), ("r0", r0), ("rend", r0 + m))))
             r0 += m
-        groups = distribute(bands, chip.aic.count, GEMM_FLAGS)
-        return Trace(self.name, chip.name, self.shape, groups, w.cube_flops, w.hbm_bytes, t.buffers(sch.cube),
-                     {"base_m": t.base_m, "base_n": t.base_n, "base_k": t.base_k, "step_k": t.step_k,
-                      "experts": len(bands), "blocks": sum(b.blocks for b in bands), "scheme": self.dtype},
-                     dtype=sch.cube)
+        groups = distribute(bands, chip.aic.count, gemm_flags(t.l0c_depth))
+        return Trace(self.name, chip.name, self.shape, groups, w.cube_flops, w.hbm_bytes, t.buffers(p),
+                     t.describe() | {"experts": len(bands), "blocks": sum(b.blocks for b in bands),
+                                     "scheme": self.dtype}, dtype=sch.cube)
