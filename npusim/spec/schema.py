@@ -7,7 +7,9 @@ the nearest enclosing mapping. Every numeric leaf must end up with a source; the
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import types
 import typing
 from dataclasses import MISSING, dataclass, field
@@ -106,13 +108,20 @@ def merge(base, over):
     return over
 
 
+@functools.lru_cache(maxsize=256)
+def _parse_yaml(text_: str):
+    """Parsing dominates a warm prediction (every predict reads chip, system, model and plan files), so a sweep or
+    a plan search parses each distinct file text once per process."""
+    return yaml.safe_load(text_)
+
+
 def read_yaml(path: Path, display: str) -> dict:
     try:
         text_ = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise NpusimError(f"cannot read the file ({exc.strerror})", file=display) from None
     try:
-        data = yaml.safe_load(text_)
+        data = copy.deepcopy(_parse_yaml(text_))  # callers edit the tree; the parse is memoised by content
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

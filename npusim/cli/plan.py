@@ -1,0 +1,94 @@
+"""`npusim plan`: search the parallel plans that meet a TTFT / TPOT SLO and write the recommended one."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from npusim import api
+from npusim.cli import common
+from npusim.errors import NpusimError
+from npusim.planner import SearchSpace, Slo, search, write_plan
+from npusim.planner.space import MTP_ACCEPTANCE
+from npusim.results.cost import CostParams, chip_usd_per_second
+from npusim.spec.system import load_system
+
+
+def register(sub) -> None:
+    p = sub.add_parser("plan", help="search disaggregated plans (CP / DP / TP / EP / o_proj TP / batch / MTP / "
+                                    "microbatches) that meet a TTFT / TPOT SLO; print the Pareto frontier")
+    p.add_argument("--model", default=api.DEFAULT["model"], help="model name or HF config.json")
+    p.add_argument("--hw", default=api.DEFAULT["hw"], help="system")
+    p.add_argument("--input", type=int, default=api.DEFAULT["input"], help="prompt tokens")
+    p.add_argument("--output", type=int, default=api.DEFAULT["output"], help="output tokens")
+    p.add_argument("--slo", default="ttft=2s,tpot=30ms", help="targets, e.g. ttft=2s,tpot=30ms (default)")
+    p.add_argument("--max-chips", type=float, default=None, help="chip budget for both instances (default: the system)")
+    p.add_argument("--quant", default=api.DEFAULT["quant"], help="quantisation preset ('model' = checkpoint format)")
+    p.add_argument("--ranks", default="", help="instance sizes in ranks to try, e.g. 16,32 (default: powers of two)")
+    p.add_argument("--mtp", default="0,1,3", help="MTP depths to try (published acceptances: 0, 1, 3)")
+    p.add_argument("--workers", type=int, default=None, help="local processes (default: up to 2)")
+    p.add_argument("--out", default="plan.yaml", help="where to write the recommended plan (default plan.yaml)")
+    common.add_set(p)
+    common.add_format(p)
+    p.set_defaults(run=run)
+
+
+def _table(cands, per_chip_s: float) -> pd.DataFrame:
+    """Candidates as rows, with $ per million output tokens from the served rate (prefill chips included)."""
+    frame = pd.DataFrame([c.row() for c in cands])
+    if not frame.empty:
+        frame["usd_per_mtok"] = per_chip_s / frame["served_tok_s_chip"] * 1e6
+    return frame
+
+
+def _ints(text: str, option: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise NpusimError(f"'{text}' must be whole numbers separated by commas", field=option) from None
+    if any(v < 0 for v in values):
+        raise NpusimError(f"'{text}' must not be negative", field=option)
+    return values
+
+
+def run(args) -> None:
+    overrides = common.parse_overrides(args.overrides)
+    slo = Slo.parse(args.slo)
+    quant = None if args.quant == "model" else args.quant
+    sizes, depths = _ints(args.ranks, "--ranks"), _ints(args.mtp, "--mtp")
+    unknown = set(depths) - set(MTP_ACCEPTANCE)
+    if unknown:
+        raise NpusimError(f"no published acceptance for depth {min(unknown)}; use {', '.join(map(str, MTP_ACCEPTANCE))}",
+                          field="--mtp")
+    space = SearchSpace(min_ranks=min(sizes, default=8), sizes=sizes, mtp_depths=depths)
+    result = search(args.hw, args.model, input=args.input, output=args.output, slo=slo, max_chips=args.max_chips,
+                    quant=quant, overrides=overrides, workers=args.workers, space=space)
+    system = load_system(args.hw, api.split_overrides(overrides)["hw"])
+    params = CostParams()
+    per_chip_s = chip_usd_per_second(system.power_per_chip, system.price_per_chip, params) / params.utilisation
+    shown = result.frontier or result.closest
+    frame = _table(shown, per_chip_s).round(2)
+    written = write_plan(result, args.out) if result.recommended else None
+    extra = {"refusal": result.refusal or None, "candidates": result.candidates, "predictions": result.predictions, "pruned": result.pruned,
+             "meets_slo": bool(result.frontier), "recommended": result.recommended.row() if written else None,
+             "plan_file": str(written) if written else None}
+    if args.format != "table":
+        common.emit(frame, args.format, extra=extra)
+        return
+    print(f"{args.model} on {args.hw}: {args.input} in / {args.output} out, SLO TTFT <= {slo.ttft * 1e3:g} ms, "
+          f"TPOT <= {slo.tpot * 1e3:g} ms; {result.candidates} candidates, {result.predictions} predictions, "
+          f"{result.pruned} points pruned by monotone bounds")
+    if result.refusal:
+        print(f"no candidate can run; for example {result.refusal}")
+        return
+    if not result.frontier:
+        print("no plan meets the SLO; the closest candidates (by the worse of TTFT/SLO and TPOT/SLO):")
+        common.emit(frame, "table")
+        return
+    common.emit(frame, "table", title="Pareto frontier (served tok/s per chip counts the prefill chips; "
+                                      f"$ at {params.utilisation:.0%} utilisation, {params.amortisation_years:g}-year "
+                                      "amortisation)")
+    c = result.recommended
+    print(f"\nrecommended: prefill {c.prefill.layout.describe()} + decode {c.decode.layout.describe()}, "
+          f"global batch {c.decode.batch}: TTFT {c.ttft * 1e3:.0f} ms, TPOT {c.tpot * 1e3:.1f} ms, "
+          f"{c.served_tokens_per_s_per_chip:.1f} tok/s per chip on {c.chips:g} chips")
+    print(f"written to {written}; confirm with:\n  " + written.read_text().splitlines()[1].lstrip("# "))

@@ -1,0 +1,68 @@
+"""Cost of a prediction: dollars per million tokens and joules per token, from the system's power and price.
+
+The hardware files give an all-in power and price per chip (system.power_per_chip, system.price_per_chip, each sourced
+or marked estimate); how long the chips are paid off over, how busy they are kept and what electricity costs are
+deployment choices, so they are named parameters here with stated defaults rather than hardware fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from npusim.api import split_overrides
+from npusim.errors import NpusimError
+from npusim.results.prediction import Prediction
+from npusim.spec.system import load_system
+
+SECONDS_PER_YEAR = 365.25 * 86400
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """Deployment economics. Defaults: 4-year straight-line amortisation (a common server depreciation period),
+    60 % of the hours serving at the predicted rate, US$0.10 per kWh and a PUE of 1.3 (air-cooled data centre)."""
+
+    amortisation_years: float = 4.0
+    utilisation: float = 0.6
+    usd_per_kwh: float = 0.10
+    pue: float = 1.3
+
+    def __post_init__(self):
+        for name in ("amortisation_years", "utilisation", "usd_per_kwh", "pue"):
+            if getattr(self, name) <= 0:
+                raise NpusimError(f"must be positive, got {getattr(self, name)}", field=name)
+        if self.utilisation > 1:
+            raise NpusimError(f"is a fraction of the time (0-1], got {self.utilisation}", field="utilisation")
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Per phase: decode cost is per output token, prefill cost per prompt token."""
+
+    usd_per_chip_hour: float
+    decode_usd_per_mtok: float
+    prefill_usd_per_mtok: float
+    decode_joules_per_token: float
+    prefill_joules_per_token: float
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def chip_usd_per_second(power_w: float, price_usd: float, params: CostParams) -> float:
+    """What one chip costs per second it exists: its price spread over the amortisation, plus its electricity."""
+    capital = price_usd / (params.amortisation_years * SECONDS_PER_YEAR)
+    energy = power_w * params.pue * params.usd_per_kwh / 3.6e6
+    return capital + energy
+
+
+def cost(pred: Prediction, params: CostParams = CostParams()) -> Cost:
+    """Cost of the prediction's deployment on its system (with the same hardware overrides)."""
+    system = load_system(pred.system, split_overrides(pred.overrides)["hw"])
+    per_s = chip_usd_per_second(system.power_per_chip, system.price_per_chip, params) / params.utilisation
+    watts = system.power_per_chip * params.pue
+    return Cost(usd_per_chip_hour=per_s * 3600,
+                decode_usd_per_mtok=per_s / pred.tokens_per_s_per_chip * 1e6,
+                prefill_usd_per_mtok=per_s / pred.prefill_tokens_per_s_per_chip * 1e6,
+                decode_joules_per_token=watts / pred.tokens_per_s_per_chip,
+                prefill_joules_per_token=watts / pred.prefill_tokens_per_s_per_chip)

@@ -1,0 +1,83 @@
+"""npusim plan: the recommended plan meets the SLO by predict, pruning keeps what the full search keeps, clear errors."""
+
+import pytest
+
+from npusim import api
+from npusim.errors import NpusimError
+from npusim.planner import SearchSpace, Slo, search, write_plan
+
+SMALL = dict(hw="cloudmatrix384", model="deepseek-v3.2-exp", input=2048, output=256, workers=1,
+             space=SearchSpace(max_ranks=32, min_ranks=16, attention_tp=(1, 4), o_proj_tp=(8,), dense_tp=(1,),
+                               two_microbatch=(False,), mtp_depths=(0, 1), batch_per_replica=(1, 4, 16, 64)))
+
+
+@pytest.fixture(scope="module")
+def loose():
+    """An SLO half-way into what the small space can do, so that bounds prune but plans still meet it."""
+    probe = search(slo=Slo(1e3, 1e3), prune=False, **SMALL)
+    tpots = sorted(c.tpot for c in probe.frontier)
+    ttfts = sorted(c.ttft for c in probe.frontier)
+    return Slo(ttfts[len(ttfts) // 2] * 1.01, tpots[len(tpots) // 2] * 1.01)
+
+
+def test_slo_parse():
+    assert Slo.parse("ttft=2s,tpot=30ms") == Slo(2.0, 0.03)
+    for bad in ("ttft=2s", "ttft=2s,tpot=fast", "latency=1s,tpot=3ms"):
+        with pytest.raises(NpusimError, match="--slo"):
+            Slo.parse(bad)
+
+
+def test_recommended_plan_meets_slo_by_predict(loose, tmp_path):
+    r = search(slo=loose, **SMALL)
+    assert r.recommended is not None and r.pruned > 0
+    path = write_plan(r, tmp_path / "rec.yaml")
+    p = api.predict(SMALL["hw"], SMALL["model"], str(path), input=SMALL["input"], output=SMALL["output"],
+                    batch=r.recommended.decode.batch)
+    assert p.ttft <= loose.ttft and p.tpot <= loose.tpot
+    assert p.tpot == pytest.approx(r.recommended.tpot) and p.ttft == pytest.approx(r.recommended.ttft)
+
+
+def test_pruning_keeps_what_the_full_search_keeps(loose):
+    full = search(slo=loose, prune=False, **SMALL)
+    pruned = search(slo=loose, **SMALL)
+    assert pruned.predictions < full.predictions
+    key = lambda c: (c.prefill.layout, c.decode.layout, c.decode.batch)  # noqa: E731
+    assert {key(c) for c in full.frontier if c.decode.batch} >= {key(c) for c in pruned.frontier}
+    assert key(pruned.recommended) == key(full.recommended)
+    for c in full.frontier:  # every full-search frontier point is matched or beaten by a pruned-search point
+        assert any(o.served_tokens_per_s_per_chip >= c.served_tokens_per_s_per_chip * (1 - 1e-9)
+                   and o.chips <= c.chips and o.tpot <= loose.tpot for o in pruned.frontier)
+
+
+def test_nothing_runs_says_why(cli):
+    r = cli("plan", "--input", "1024", "--output", "64", "--ranks", "8", "--mtp", "0", "--workers", "1")
+    assert r.returncode == 0 and "no candidate can run" in r.stdout and "HBM" in r.stdout
+
+
+def test_unmeetable_slo_shows_closest():
+    r = search(slo=Slo(1e-4, 1e-4), **SMALL)
+    assert r.recommended is None and not r.frontier and r.closest
+    v = [c.violation(r.slo) for c in r.closest]
+    assert all(x > 1 for x in v)
+
+
+def test_cli_plan_writes_a_plan_predict_accepts(cli, tmp_path):
+    out = tmp_path / "p.yaml"
+    slo = "ttft=1000s,tpot=1000s"
+    r = cli("plan", "--hw", SMALL["hw"], "--model", SMALL["model"], "--input", SMALL["input"], "--output",
+            SMALL["output"], "--slo", slo, "--ranks", "32", "--mtp", "0", "--workers", "1", "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert "recommended" in r.stdout and out.exists()
+    cmd = [line for line in out.read_text().splitlines() if "npusim predict" in line][0].split("npusim predict")[1]
+    r2 = cli("predict", *cmd.split(), "--format", "json")
+    assert r2.returncode == 0, r2.stderr
+
+
+@pytest.mark.parametrize("args, needle", [(("--slo", "ttft=2s"), "--slo"),
+                                          (("--hw", "nope"), "unknown system"),
+                                          (("--max-chips", "4"), "--max-chips"),
+                                          (("--mtp", "2"), "--mtp"), (("--ranks", "x"), "--ranks")])
+def test_cli_plan_bad_input_is_one_sentence(cli, args, needle):
+    r = cli("plan", "--input", "1024", "--output", "64", *args)
+    assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
