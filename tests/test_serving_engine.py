@@ -20,7 +20,7 @@ import pytest
 
 from npusim import api
 from npusim.graph.accounting import cache_footprint
-from npusim.serving import ClosedLoop, Fixed, simulate
+from npusim.serving import ClosedLoop, Fixed, Slo, simulate
 from npusim.serving.predicted import ServedPlan, kv_link, mtp_from_plan
 
 SMALL = dict(hw="cloudmatrix384", model="deepseek-v3.1", plan="r1-a3-decode-a16", quant="w8a8c8")  # co-located
@@ -112,3 +112,10 @@ def test_serve_cli_refuses_bad_input_in_one_sentence(cli, tmp_path, args, says):
     assert run.returncode == 2
     assert says in run.stderr and "Traceback" not in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1
+
+
+def test_a_summary_meets_an_slo_at_a_percentile():
+    served = ServedPlan.of(api.load_setup(**SMALL))
+    s = served.run(ClosedLoop(1, Fixed(2048), Fixed(4)), requests=2).summary
+    assert s.meets(Slo(ttft=s.ttft.p99 * 1.01, tpot=s.tpot.p99 * 1.01))
+    assert not s.meets(Slo(ttft=s.ttft.p99 * 0.99)) and s.meets(Slo(ttft=s.ttft.p50 * 1.01), "p50")

@@ -76,6 +76,12 @@ class Summary:
     kv_usage: float  # share of KV cache in use, mean over steps weighted by step time
     preemptions: int
 
+    def meets(self, slo: Slo, percentile: str = "p99") -> bool:
+        """TTFT and TPOT at `percentile` ('mean', 'p50', 'p90', 'p99') within every limit the SLO gives: what a
+        planner asks of a deployment under load (NaN, nothing measured, never meets)."""
+        return all(getattr(getattr(self, name), percentile) <= limit
+                   for name, limit in (("ttft", slo.ttft), ("tpot", slo.tpot)) if limit is not None)
+
     def flat(self) -> dict[str, float | int | None]:
         """One row for a table across runs (a rate sweep): latencies become ttft_p99 and so on."""
         row = {}
