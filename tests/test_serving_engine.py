@@ -119,3 +119,10 @@ def test_a_summary_meets_an_slo_at_a_percentile():
     s = served.run(ClosedLoop(1, Fixed(2048), Fixed(4)), requests=2).summary
     assert s.meets(Slo(ttft=s.ttft.p99 * 1.01, tpot=s.tpot.p99 * 1.01))
     assert not s.meets(Slo(ttft=s.ttft.p99 * 0.99)) and s.meets(Slo(ttft=s.ttft.p50 * 1.01), "p50")
+
+
+def test_the_plans_prefill_chunk_chunks_a_lone_prompt_as_predict_does():
+    chunked = {"plan.prefill_chunk": "512"}
+    r, ranks = lone(SMALL, 2048, 2, chunked)
+    p = api.predict(**SMALL, input=2048, output=2, batch=ranks, context=2049, overrides=chunked)
+    assert r.ttft.iloc[0] == pytest.approx(p.ttft, rel=1e-9)

@@ -131,8 +131,9 @@ def kv_link(setup: Setup) -> Link:
 
 def deployment_from_plan(setup: Setup, *, chunk_size: int | None = None, kv_headroom: float = 0.01) -> Deployment:
     """Pools from the plan's instances (a rank = an attention-DP group), the link from the tier joining them, MTP
-    from the plan."""
+    from the plan. The plan's own `prefill_chunk`, when set, decides the chunk size (as it does for predict)."""
     plan = setup.plan
+    chunk_size = plan.prefill_chunk or chunk_size
     pre, dec = plan.instance("prefill"), plan.instance("decode")
     disaggregated = plan.disaggregated
     return Deployment(prefill=Pool(instances=pre.instances, ranks=pre.attention.dp),
