@@ -142,21 +142,24 @@ def layer_time(layer: RankLayer, plan: Plan, system: System) -> LayerTime:
     names = [o.name for o in layer.ops]
     fused = placements(names, plan.fusion)
     cores = _partition(names, plan, chip.aic.count)
-    for mb, part in enumerate(parts):
-        tag = f"mb{mb}." if micro > 1 else ""
+    # two microbatches over repeated layers: a second copy of the layer shows the steady state, where one
+    # microbatch's tail (MoE) overlaps the next layer's head (attention) of the other
+    copies = 2 if micro > 1 and layer.repeat > 1 else 1
+    for copy, mb, part in ((c, m, p) for c in range(copies) for m, p in enumerate(parts)):
+        tag = f"mb{mb}{'L1' if copy else ''}." if micro > 1 else ""
         feeds = {c.before: [] for c in part.comms}
         for c in part.comms:
             feeds[c.before].append(tag + c.name)
         comm_after = {}
         for c in part.comms:
             comm_after.setdefault(c.after, []).append(c)
-        prev_compute = None
+        prev_compute = f"mb{mb}.layer_end" if copy else None
         for i, op in enumerate(part.ops):
             place = fused.get(op.name, Placement())
             stream, aic = cores.of(i)
             t = op_time(op, chip, OpRun(launch if place.first else "none", plan.kernels.get(_kernel_name(op)), aic,
                                         place.input_on_chip, place.output_on_chip))
-            if mb == 0:
+            if mb == 0 and copy == 0:
                 op_times.append(t)
             side = plan.streams.shared_expert_side_stream and op.name in SIDE_STREAM_OPS
             stream = "side" if side else stream
@@ -175,7 +178,7 @@ def layer_time(layer: RankLayer, plan: Plan, system: System) -> LayerTime:
                 prev_compute = tag + op.name
             for c in comm_after.get(op.name, ()):
                 r = collective_time(c.collective, system)
-                if mb == 0:
+                if mb == 0 and copy == 0:
                     comm_times.append((c.name, r))
                 # gating fused into the dispatch: tokens leave as their routing is computed, from the gate's start
                 src = op.name if not (c.after == "moe_gate" and "moe_gate" in fused) else names[i - 1]
@@ -185,12 +188,17 @@ def layer_time(layer: RankLayer, plan: Plan, system: System) -> LayerTime:
         ends = [t.name for t in tasks if t.name.startswith(tag) and t.name != prev_compute]
         tasks.append(Task(tag + "layer_end", "compute", 0.0, tuple(ends), resource=""))
     tasks = _interleave(tasks, micro)
-    tl = run_streams(tasks, {"cores": chip.aic.count, "link": 1, "host": 1})
+    capacity = {"cores": chip.aic.count, "link": 1, "host": 1}
+    tl = run_streams([t for t in tasks if "L1." not in t.name], capacity)
+    time = tl.makespan
+    if copies == 2:  # first layer as simulated, the others at the steady-state increment
+        steady = run_streams(tasks, capacity).makespan - time
+        time = (time + (layer.repeat - 1) * steady) / layer.repeat
     compute = tl.busy("compute")
     comm = sum(r.time for _, r in comm_times) * micro
     activity = add_activity((t.activity or Activity(), micro) for t in op_times)
     link_bytes = sum(c.collective.bytes for c in layer.comms)
-    return LayerTime(layer.name, layer.repeat, tl.makespan, compute, comm, tl.exposed("comm"), tuple(op_times),
+    return LayerTime(layer.name, layer.repeat, time, compute, comm, tl.exposed("comm"), tuple(op_times),
                      tuple(comm_times), tl, activity, link_bytes, layer.host_bytes)
 
 
@@ -210,7 +218,7 @@ def _interleave(tasks: list[Task], micro: int) -> list[Task]:
     """Two-microbatch order on the compute stream: a segment of mb0, the same segment of mb1, and so on."""
     if micro == 1:
         return tasks
-    return sorted(tasks, key=lambda t: (_segment(t, tasks), t.name.split(".", 1)[0]))
+    return sorted(tasks, key=lambda t: ("L1." in t.name, _segment(t, tasks), t.name.split(".", 1)[0]))
 
 
 def _segment(task: Task, tasks: list[Task]) -> int:

@@ -1,0 +1,29 @@
+"""`npusim compare BASE VARIANT...`: a baseline scenario and its variants side by side, and a waterfall figure of what
+each variant (one more switch) buys."""
+
+from __future__ import annotations
+
+from npusim.cli import common
+from npusim.results.compare import METRICS, compare
+
+
+def register(sub) -> None:
+    p = sub.add_parser("compare", help="baseline vs variant scenarios (YAML): delta table and waterfall figure")
+    p.add_argument("scenarios", nargs="+", metavar="SCENARIO",
+                   help="baseline first, then variants: names in workloads/scenarios or YAML files")
+    p.add_argument("--metric", choices=sorted(METRICS), default="ttft", help="metric of the waterfall (default ttft)")
+    p.add_argument("--figure", default="compare_waterfall.png", metavar="OUT.png",
+                   help="waterfall figure to write ('' = none; default compare_waterfall.png)")
+    common.add_set(p)
+    common.add_format(p)
+    p.set_defaults(run=run)
+
+
+def run(args) -> None:
+    cmp = compare(*args.scenarios, overrides=common.parse_overrides(args.overrides))
+    frame = cmp.table()
+    extra = {}
+    if args.figure:
+        extra["waterfall"] = str(cmp.waterfall(args.figure, args.metric))
+    common.emit(frame.round(3) if args.format == "table" else frame, args.format,
+                title="baseline and variants (d_*_%: change against the baseline)", extra=extra)
