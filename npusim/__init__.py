@@ -6,3 +6,30 @@ try:
     __version__ = version("npusim")
 except PackageNotFoundError:  # running from a source tree without installation
     __version__ = "0.0.0+src"
+
+# The public API, imported on first use so that `import npusim` (and every CLI start) stays light.
+_PUBLIC = {"predict": ("npusim.api", "predict"), "sweep": ("npusim.sweeps", "sweep"),
+           "plan": ("npusim.planner", "search"), "Slo": ("npusim.planner", "Slo"),
+           "cost": ("npusim.results.cost", "cost"), "CostParams": ("npusim.results.cost", "CostParams"),
+           "check": ("npusim.checks", "check")}
+
+
+def __getattr__(name):
+    if name in _PUBLIC:
+        import importlib
+        module, attr = _PUBLIC[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'npusim' has no attribute '{name}'")
+
+
+def __getattr__(name):
+    """`npusim.predict(...)` and `npusim.compare(...)` without importing the simulator at package import."""
+    if name == "predict":
+        from npusim.api import predict
+
+        return predict
+    if name == "compare":
+        from npusim.results.compare import compare
+
+        return compare
+    raise AttributeError(f"module 'npusim' has no attribute '{name}'")

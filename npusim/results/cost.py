@@ -37,13 +37,15 @@ class CostParams:
 
 @dataclass(frozen=True)
 class Cost:
-    """Per phase: decode cost is per output token, prefill cost per prompt token."""
+    """Per phase: decode cost is per output token, prefill cost per prompt token. The joules are the system's
+    all-in power (hosts, switches, optics) times the PUE at the predicted rate: the facility's energy, beside the
+    chip's activity-based energy that Prediction.joules_per_token reports."""
 
     usd_per_chip_hour: float
     decode_usd_per_mtok: float
     prefill_usd_per_mtok: float
-    decode_joules_per_token: float
-    prefill_joules_per_token: float
+    decode_system_joules_per_token: float
+    prefill_system_joules_per_token: float
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -64,5 +66,5 @@ def cost(pred: Prediction, params: CostParams = CostParams()) -> Cost:
     return Cost(usd_per_chip_hour=per_s * 3600,
                 decode_usd_per_mtok=per_s / pred.tokens_per_s_per_chip * 1e6,
                 prefill_usd_per_mtok=per_s / pred.prefill_tokens_per_s_per_chip * 1e6,
-                decode_joules_per_token=watts / pred.tokens_per_s_per_chip,
-                prefill_joules_per_token=watts / pred.prefill_tokens_per_s_per_chip)
+                decode_system_joules_per_token=watts / pred.tokens_per_s_per_chip,
+                prefill_system_joules_per_token=watts / pred.prefill_tokens_per_s_per_chip)

@@ -1,0 +1,46 @@
+"""Parameter sweeps: a grid or a list over any dotted field of hardware, model, plan and scenario -> DataFrame.
+
+    import npusim
+    df = npusim.sweep(base={"hw": "cloudmatrix384", "plan": "v32-a3-pd-a17", "input": 8192},
+                      grid={"batch": [64, 128, 256], "hbm.bandwidth": ["1.6TB/s", "3.2TB/s"]})
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pandas as pd
+
+from npusim.sweeps.figures import write_figures
+from npusim.sweeps.run import DiskCache, run_sweep
+from npusim.sweeps.spec import SweepSpec
+
+
+def sweep(spec: str | Path | SweepSpec | None = None, *, base: dict | None = None, grid: dict | None = None,
+          points: list[dict] | None = None, name: str = "sweep", workers: int | None = None, scheduler=None,
+          cache: str | Path | None = None, progress: bool = True) -> pd.DataFrame:
+    """Predict every point of a sweep file (or of base/grid/points given here); one row per point, in order.
+    workers: local processes (default: all cores); scheduler: a Dask address or Client; cache: a directory for
+    completed points ('off' for none; default NPUSIM_SWEEP_CACHE or ~/.cache/npusim/sweeps)."""
+    if spec is None:
+        spec = SweepSpec(name, base or {}, grid or {}, points or [])
+    elif not isinstance(spec, SweepSpec):
+        spec = SweepSpec.load(spec)
+    store = DiskCache.default() if cache is None else DiskCache(None if str(cache) == "off" else Path(cache))
+    return run_sweep(spec, workers=workers, scheduler=scheduler, cache=store, progress=progress)
+
+
+def save(frame: pd.DataFrame, spec: SweepSpec, out: str | Path, figures: bool = True) -> list[Path]:
+    """The table as CSV (and Parquet when pyarrow is installed) and the standard figures, in directory `out`."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / f"{spec.name}.csv"]
+    frame.to_csv(written[0], index=False)
+    if importlib.util.find_spec("pyarrow") is not None:
+        written.append(out / f"{spec.name}.parquet")
+        frame.to_parquet(written[-1], index=False)
+    return written + (write_figures(frame, spec, out) if figures else [])
+
+
+__all__ = ["SweepSpec", "save", "sweep"]

@@ -1,0 +1,165 @@
+"""Running a sweep: each point predicted once (cached on disk by content hash), locally in processes or on a Dask
+cluster, into one DataFrame whose rows are in the sweep's point order whatever ran them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import pandas as pd
+
+import npusim
+from npusim import api
+from npusim.errors import NpusimError
+from npusim.results.cost import CostParams, cost
+from npusim.spec.catalog import data_root
+from npusim.spec.system import load_system
+from npusim.sweeps.spec import Point, SweepSpec
+
+
+@lru_cache(maxsize=1)
+def fingerprint() -> str:
+    """Hash of the simulator's code and data files: a cached point is reused only if nothing that made it changed."""
+    h = hashlib.sha256(npusim.__version__.encode())
+    package, root = Path(npusim.__file__).parent, data_root()
+    trees = [(package, "*.py"), (root / "hardware", "*.yaml"), (root / "workloads", "*.yaml")]
+    for base, pattern in trees:
+        for f in sorted(base.rglob(pattern)):
+            h.update(str(f.relative_to(base)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def point_key(point: Point) -> str:
+    text = json.dumps([fingerprint(), point.args, point.overrides], default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def evaluate(point: Point, params: CostParams = CostParams()) -> dict:
+    """One row: the point's parameters, then predict's summary, cost and roofline inputs, or the refusal."""
+    args = dict(point.args)
+    row: dict = {**point.params(), "error": ""}
+    try:
+        p = api.predict(**args, overrides=dict(point.overrides))
+        chip = load_system(p.system, api.split_overrides(p.overrides)["hw"]).chip_spec
+    except NpusimError as exc:
+        row["error"] = str(exc)
+        return row
+    row.update(p.summary())
+    row.update(cost(p, params).as_dict())
+    row["chips"] = p.prefill_chips + p.decode_chips
+    row["peak_flops_per_rank"] = chip.peak_cube_flops("bf16") / chip.dies
+    row["hbm_bandwidth_per_rank"] = chip.hbm.bandwidth / chip.dies
+    for phase, step in (("prefill", p.prefill), ("decode", p.decode)):
+        a = step.activity
+        row[f"{phase}_flops_per_rank"] = a.cube_flops + a.vector_flops
+        row[f"{phase}_hbm_bytes_per_rank"] = a.hbm_bytes
+        row[f"{phase}_step_s"] = step.time
+    return row
+
+
+@dataclass(frozen=True)
+class DiskCache:
+    """Completed rows as JSON files named by point key; writes are atomic, so an interrupted sweep resumes."""
+
+    directory: Path | None
+
+    @classmethod
+    def default(cls) -> DiskCache:
+        where = os.environ.get("NPUSIM_SWEEP_CACHE", str(Path.home() / ".cache" / "npusim" / "sweeps"))
+        return cls(None if where == "off" else Path(where))
+
+    def get(self, key: str) -> dict | None:
+        if self.directory is None:
+            return None
+        path = self.directory / key[:2] / f"{key}.json"
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def put(self, key: str, row: dict) -> None:
+        if self.directory is None:
+            return
+        path = self.directory / key[:2] / f"{key}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(row))
+        os.replace(tmp, path)
+
+
+class Progress:
+    """One line on stderr, rewritten as points complete."""
+
+    def __init__(self, name: str, total: int, cached: int, enabled: bool):
+        self.name, self.total, self.done, self.cached, self.enabled = name, total, cached, cached, enabled
+        self.start = time.perf_counter()
+        self.show()
+
+    def step(self) -> None:
+        self.done += 1
+        self.show()
+
+    def show(self, end: str = "") -> None:
+        if self.enabled:
+            sys.stderr.write(f"\rsweep {self.name}: {self.done}/{self.total} points ({self.cached} cached) "
+                             f"{time.perf_counter() - self.start:.1f} s{end}")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        self.show("\n")
+
+
+def _local(todo: list[Point], workers: int):
+    if workers <= 1:
+        yield from map(evaluate, todo)
+        return
+    with ProcessPoolExecutor(max_workers=workers) as pool:  # runs of neighbours share kernels in a worker's memo
+        yield from pool.map(evaluate, todo, chunksize=max(1, len(todo) // (4 * workers)))
+
+
+def _dask(todo: list[Point], scheduler):
+    """On a Dask distributed cluster (`pip install npusim[dask]`); `scheduler` is an address or a Client."""
+    try:
+        from distributed import Client
+    except ImportError:
+        raise NpusimError("needs dask.distributed: pip install 'npusim[dask]'", field="--scheduler") from None
+    client = scheduler if isinstance(scheduler, Client) else None
+    try:
+        client = client or Client(scheduler, timeout="5s")
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise NpusimError(f"cannot reach the Dask scheduler '{scheduler}' ({exc})", field="--scheduler") from None
+    try:
+        futures = client.map(evaluate, todo, pure=False)
+        for fut in futures:  # in point order; the cluster runs them in any order
+            yield fut.result()
+    finally:
+        if client is not scheduler:
+            client.close()
+
+
+def run_sweep(spec: SweepSpec, *, workers: int | None = None, scheduler=None, cache: DiskCache | None = None,
+              progress: bool = True) -> pd.DataFrame:
+    points = spec.expand()
+    cache = cache or DiskCache.default()
+    keys = [point_key(p) for p in points]
+    rows: list[dict | None] = [cache.get(k) for k in keys]
+    todo = [i for i, r in enumerate(rows) if r is None]
+    bar = Progress(spec.name, len(points), len(points) - len(todo), progress)
+    results = (_dask([points[i] for i in todo], scheduler) if scheduler is not None
+               else _local([points[i] for i in todo], workers or os.cpu_count() or 1))
+    try:
+        for i, row in zip(todo, results):
+            rows[i] = row
+            cache.put(keys[i], row)
+            bar.step()
+    finally:
+        bar.close()
+    return pd.DataFrame(rows)

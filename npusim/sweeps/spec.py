@@ -1,0 +1,83 @@
+"""A sweep file: the base scenario and the points to predict, as a grid (every combination) and/or a list.
+
+    name: v32-batch
+    base: {hw: cloudmatrix384, model: deepseek-v3.2-exp, plan: v32-a3-pd-a17, input: 8192, output: 1024, batch: 64}
+    grid: {batch: [16, 64, 256], hbm.bandwidth: [1.6TB/s, 3.2TB/s]}
+    list: [{hw: atlas-800-a3}, {hw: cloudmatrix384, plan.decode.moe.ep: 64}]
+
+Scenario keys go to predict's arguments; any other dotted key is an override (plan.*, model.*, else hardware),
+exactly as `--set`. With both grid and list, every list entry is combined with every grid combination.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from npusim.api import DEFAULT
+from npusim.errors import NpusimError
+from npusim.spec.schema import read_yaml
+
+SCENARIO_KEYS = ("hw", "model", "plan", "input", "output", "batch", "prefill_batch", "context", "quant")
+INT_KEYS = ("input", "output", "batch", "prefill_batch", "context")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One prediction to make: predict's arguments and the overrides, both as plain values."""
+
+    args: tuple[tuple[str, object], ...]
+    overrides: tuple[tuple[str, str], ...]
+
+    def params(self) -> dict:
+        return {**dict(self.args), **dict(self.overrides)}
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    name: str
+    base: dict = field(default_factory=dict)
+    grid: dict = field(default_factory=dict)
+    points: list = field(default_factory=list)
+    file: str = "sweep"
+
+    @classmethod
+    def load(cls, path: str | Path) -> SweepSpec:
+        path = Path(path)
+        if not path.exists():
+            raise NpusimError("no such sweep file", file=str(path))
+        data = read_yaml(path, str(path))
+        unknown = set(data) - {"name", "description", "base", "grid", "list"}
+        if unknown:
+            raise NpusimError(f"unknown key '{sorted(unknown)[0]}' (allowed: name, description, base, grid, list)",
+                              file=str(path), field=sorted(unknown)[0])
+        return cls(str(data.get("name", path.stem)), data.get("base") or {}, data.get("grid") or {},
+                   data.get("list") or [], str(path))
+
+    def expand(self) -> list[Point]:
+        """Every point, in a fixed order: list entries outer, grid combinations inner (last key fastest)."""
+        if not isinstance(self.base, dict):
+            raise NpusimError("must be a mapping of field: value", file=self.file, field="base")
+        if not isinstance(self.grid, dict) or any(not isinstance(v, list) or not v for v in self.grid.values()):
+            raise NpusimError("must map each field to a non-empty list of values", file=self.file, field="grid")
+        if not isinstance(self.points, list) or any(not isinstance(p, dict) for p in self.points):
+            raise NpusimError("must be a list of mappings of field: value", file=self.file, field="list")
+        keys = list(self.grid)
+        combos = [dict(zip(keys, vals)) for vals in itertools.product(*self.grid.values())]
+        return [self._point({**self.base, **entry, **combo}) for entry in (self.points or [{}]) for combo in combos]
+
+    def _point(self, values: dict) -> Point:
+        args = {k: DEFAULT.get(k) for k in SCENARIO_KEYS if k in DEFAULT}
+        over = {}
+        for key, value in values.items():
+            key = str(key)
+            if key in SCENARIO_KEYS:
+                if key in INT_KEYS and value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                                              or value < 1):
+                    raise NpusimError(f"must be a positive whole number, got {value!r}", file=self.file, field=key)
+                args[key] = value
+            else:
+                over[key] = str(value)
+        return Point(tuple(sorted(args.items(), key=lambda kv: SCENARIO_KEYS.index(kv[0]))),
+                     tuple(sorted(over.items())))

@@ -1,0 +1,113 @@
+"""Sweeps: same rows serial, in processes and on a Dask LocalCluster; resumable cache; files, figures, clear errors."""
+
+import os
+
+import pandas as pd
+import pytest
+
+import npusim
+from npusim.sweeps import SweepSpec, save
+from npusim.sweeps import run as sweep_run
+
+BASE = {"hw": "cloudmatrix384", "model": "deepseek-v3.2-exp", "plan": "v32-a3-pd-a17", "input": 2048, "output": 128}
+GRID = {"batch": [64, 128, 256], "hbm.bandwidth": ["1.6TB/s", "3.2TB/s"]}
+
+
+def _sweep(**kw):
+    return npusim.sweep(base=BASE, grid=GRID, name="t", progress=False, **kw)
+
+
+@pytest.fixture(scope="module")
+def serial():
+    return _sweep(workers=1, cache="off")
+
+
+def test_rows_follow_the_grid_and_hbm_helps(serial):
+    assert len(serial) == 6 and (serial["error"] == "").all()
+    assert list(serial["batch"]) == [64, 64, 128, 128, 256, 256]
+    fast, slow = serial[serial["hbm.bandwidth"] == "3.2TB/s"], serial[serial["hbm.bandwidth"] == "1.6TB/s"]
+    assert (fast["tpot_s"].values <= slow["tpot_s"].values).all()
+    assert {"decode_usd_per_mtok", "decode_system_joules_per_token", "chips"} <= set(serial.columns)
+
+
+def test_parallel_equals_serial(serial):
+    pd.testing.assert_frame_equal(_sweep(workers=2, cache="off"), serial)
+
+
+def test_cache_resumes_an_interrupted_sweep(serial, tmp_path, monkeypatch):
+    spec = SweepSpec("t", BASE, GRID)
+    first = spec.expand()[:3]
+    store = sweep_run.DiskCache(tmp_path)
+    for p in first:  # as if interrupted after three points
+        store.put(sweep_run.point_key(p), sweep_run.evaluate(p))
+    calls = []
+    real = sweep_run.evaluate
+    monkeypatch.setattr(sweep_run, "evaluate", lambda p: calls.append(p) or real(p))
+    again = sweep_run.run_sweep(spec, workers=1, cache=store, progress=False)
+    assert len(calls) == 3 and calls == spec.expand()[3:]
+    pd.testing.assert_frame_equal(again, serial)
+    calls.clear()
+    sweep_run.run_sweep(spec, workers=1, cache=store, progress=False)
+    assert calls == []
+
+
+def test_dask_local_cluster_equals_serial(serial):
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as c:
+        with distributed.Client(c) as client:
+            on_dask = _sweep(scheduler=client, cache="off")
+        by_address = _sweep(scheduler=c.scheduler_address, cache="off")
+    pd.testing.assert_frame_equal(on_dask, serial)
+    pd.testing.assert_frame_equal(by_address, serial)
+
+
+def test_refused_points_are_rows_not_crashes():
+    df = npusim.sweep(base={**BASE, "batch": 64}, grid={"plan.decode.moe.ep": [128, 3]}, workers=1, cache="off",
+                      progress=False)
+    assert df["error"].iloc[0] == "" and "decode.moe" in df["error"].iloc[1]
+
+
+def test_save_writes_csv_and_figures(serial, tmp_path):
+    files = save(serial, SweepSpec("t", BASE, GRID), tmp_path)
+    names = {f.name for f in files}
+    assert {"t.csv", "t-tpot_vs_batch.png", "t-roofline.png"} <= names
+    assert ("t.parquet" in names) == _has_pyarrow()
+    assert len(pd.read_csv(tmp_path / "t.csv")) == 6
+
+
+def _has_pyarrow():
+    import importlib.util
+    return importlib.util.find_spec("pyarrow") is not None
+
+
+def test_cli_sweep_file(cli, tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_text("name: s\nbase: {hw: cloudmatrix384, plan: v32-a3-pd-a17, input: 2048, output: 128}\n"
+                 "grid: {batch: [64, 128]}\n")
+    env_cache = tmp_path / "cache"
+    r = cli("sweep", f, "--out", tmp_path / "out", "--cache", env_cache, "--workers", "1", "--format", "csv")
+    assert r.returncode == 0, r.stderr
+    assert "2/2 points" in r.stderr and (tmp_path / "out" / "s.csv").exists()
+    assert len(os.listdir(env_cache)) >= 1
+
+
+@pytest.mark.parametrize("body, needle", [
+    ("name: s\ngrid: {batch: 64}\n", "field 'grid'"),
+    ("name: s\ngrid: {batch: [x]}\n", "field 'batch'"),
+    ("name: s\nsweep: {}\n", "unknown key 'sweep'"),
+    ("name: s\nlist: [1, 2]\n", "field 'list'"),
+])
+def test_cli_sweep_bad_file_is_one_sentence(cli, tmp_path, body, needle):
+    f = tmp_path / "bad.yaml"
+    f.write_text(body)
+    r = cli("sweep", f, "--cache", "off")
+    assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_cli_sweep_unreachable_scheduler(cli, tmp_path):
+    pytest.importorskip("distributed")
+    f = tmp_path / "s.yaml"
+    f.write_text("name: s\nbase: {input: 2048, output: 128}\ngrid: {batch: [64]}\n")
+    r = cli("sweep", f, "--cache", "off", "--scheduler", "tcp://127.0.0.1:1")
+    assert r.returncode == 2 and "--scheduler" in r.stderr and "Traceback" not in r.stderr, r.stderr
