@@ -54,6 +54,9 @@ def run(args) -> None:
     print(f"TPOT  {pred.tpot * 1e3:10.2f} ms   (decode step {pred.decode_step * 1e3:.2f} ms, {pred.decode_chips:g} chips)")
     print(f"decode {pred.tokens_per_s_per_chip:10.1f} tokens/s per chip; prefill "
           f"{pred.prefill_tokens_per_s_per_chip:.1f} tokens/s per chip")
+    if pred.energy:
+        print("energy " + "; ".join(f"{p} {pred.joules_per_token[p]:.3g} J/token, {pred.tflops_per_watt(p):.3g} "
+                                    f"TFLOPS/W, {pred.energy[p].watts:.0f} W per rank" for p in ("prefill", "decode")))
     print()
     common.emit(pred.phase_table().round(2), "table", title="per phase (time per step; memory per rank)")
     for phase in ("prefill", "decode"):
