@@ -55,7 +55,7 @@ def test_dropping_the_rescale_is_a_numerics_failure():
     q, kv = RNG.standard_normal((t, h, 576)), RNG.standard_normal((s, 576))
     kv[1000:] *= 3  # later key tiles raise the running max, so the accumulator must be rescaled
     idx = np.tile(np.arange(k), (t, 1))
-    kern = SparseFlashAttention(t, s, h, topk=k, block_m=16, scale=0.1)
+    kern = SparseFlashAttention(t, s, h, topk=k, block_m=16, scale=0.1, kv_splits=1)  # one range: tiles rescale
     tr = kern.trace(load_chip("910b2"))
     broken = dataclasses.replace(tr, groups=tuple(
         dataclasses.replace(g, aiv=tuple(Program("aiv", _drop(p.body, "rescale")) for p in g.aiv)) for g in tr.groups))
@@ -98,3 +98,44 @@ def test_v4_early_tokens_see_a_partial_window():
     q, kv, sink = RNG.standard_normal((t, h, d)), RNG.standard_normal((s, d)), RNG.standard_normal(h)
     out = F.v4_attention(q, kv, sink, 0.05, 128, block_m=16)
     assert _close(out, R.v4_attention(rnd(q, "bf16"), rnd(kv, "bf16"), sink, 0.05, 128))
+
+
+@pytest.mark.parametrize("splits", [2, 3])
+def test_split_kv_partials_and_combine_match_reference(splits):
+    """Decode shape: each core takes a key range, the vector cores merge the partial (lse, out) after a barrier."""
+    t, s, h, k = 2, 2000, 16, 1500
+    q, kv = RNG.standard_normal((t, h, 576)), RNG.standard_normal((s, 576))
+    kv[1200:] *= 3  # ranges have very different maxima: the merge weights matter
+    idx = _selection(RNG, t, s, k)
+    out = F.sparse_mla_attention(q, kv, idx, 0.1, block_m=16, kv_splits=splits, chip="910c-die")
+    assert _close(out, R.sparse_mla_attention(rnd(q, "bf16"), rnd(kv, "bf16"), idx, 0.1))
+
+
+def test_split_kv_with_sink_and_dense_keys():
+    t, s, h, d = 2, 900, 16, 512
+    q, kv, sink = RNG.standard_normal((t, h, d)), RNG.standard_normal((s, d)), 2 * RNG.standard_normal(h)
+    ckv = RNG.standard_normal((s // 128, d))
+    out = F.v4_attention(q, kv, sink, d ** -0.5, 128, 128, ckv, block_m=16, block_n=256, kv_splits=2,
+                         chip="910c-die")
+    assert _close(out, R.v4_attention(rnd(q, "bf16"), rnd(kv, "bf16"), sink, d ** -0.5, 128, 128, rnd(ckv, "bf16")))
+    qq, kk, vv = RNG.standard_normal((2, 16, 576)), RNG.standard_normal((1300, 1, 576)), RNG.standard_normal((1300, 1, 512))
+    out = F.dense_attention(qq, kk, vv, 0.05, block_m=16, kv_splits=3, chip="910c-die")
+    assert _close(out, R.dense_attention(*(rnd(x, "bf16") for x in (qq, kk, vv)), 0.05))
+
+
+def test_dropping_the_merge_weights_is_a_numerics_failure():
+    t, s, h = 2, 1100, 16
+    q, kv = RNG.standard_normal((t, h, 576)), RNG.standard_normal((s, 576))
+    kv[600:] *= 3
+    idx = np.tile(np.arange(s), (t, 1))
+    tr = SparseFlashAttention(t, s, h, topk=s, block_m=16, scale=0.1, kv_splits=3).trace(load_chip("910c-die"))
+    assert tr.tiling["kv_splits"] == 3
+    broken = dataclasses.replace(tr, groups=tuple(
+        dataclasses.replace(g, aiv=tuple(Program("aiv", _drop(p.body, "merge_weights")) for p in g.aiv))
+        for g in tr.groups))
+    tensors = {"q": rnd(q.reshape(t * h, 576), "bf16"), "kv": rnd(kv, "bf16"), "indices": idx,
+               "out": np.zeros((t * h, 512))}
+    ref = R.sparse_mla_attention(rnd(q, "bf16"), rnd(kv, "bf16"), idx, 0.1).reshape(t * h, 512)
+    assert _close(execute(tr, tensors)["out"], ref)
+    with pytest.raises(Exception):  # the weights are never written: the merge reads nothing
+        execute(broken, tensors)

@@ -70,3 +70,31 @@ def test_bad_blocks_are_plain_errors(chip):
     with pytest.raises(NpusimError, match="too many"):
         catalog.kernel("sparse_flash_attention", {"tokens": 4, "keys": 4096, "block_m": 512, "heads": 256}
                        ).trace(chip)
+
+
+@pytest.mark.parametrize("name,shape", [
+    ("sparse_flash_attention", {"tokens": 2, "keys": 131072, "causal": 0}),
+    ("v4_attention", {"tokens": 2, "keys": 131072, "ratio": 128}),
+    ("flash_attention", {"tokens": 2, "keys": 32768, "heads": 128, "d_qk": 576, "d_v": 512, "causal": 0}),
+])
+def test_decode_splits_keys_over_all_cores(chip, name, shape):
+    t = catalog.kernel(name, shape).trace(chip)
+    assert t.tiling["kv_splits"] > 1 and t.cores["aic"] == chip.aic.count
+    assert any(i.op == "sync_all" for _, i, _ in t.instructions())  # one barrier before the combine
+    single = catalog.kernel(name, shape | {"kv_splits": 1}).trace(chip)
+    assert single.tiling["kv_splits"] == 1 and single.cores["aic"] < chip.aic.count
+
+
+def test_split_kv_is_faster_at_decode(chip):
+    from npusim.engine import simulate
+    shape = {"tokens": 2, "keys": 131072, "causal": 0}
+    split = simulate(catalog.kernel("sparse_flash_attention", shape).trace(chip), chip, launch="none")
+    single = simulate(catalog.kernel("sparse_flash_attention", shape | {"kv_splits": 1}).trace(chip), chip,
+                      launch="none")
+    assert split.time < 0.6 * single.time
+    assert split.time >= split.roofline
+
+
+def test_prefill_keeps_one_key_range(chip):
+    t = catalog.kernel("sparse_flash_attention", {"tokens": 4096, "keys": 4096}).trace(chip)
+    assert t.tiling["kv_splits"] == 1

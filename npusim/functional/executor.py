@@ -3,7 +3,11 @@
 Each AI-core group runs its programs (AIC, AIVs) round-robin, an instruction stalling while a flag it waits on is
 zero, exactly the semaphore semantics the engine times; a trace whose flags deadlock is refused. Copies of a
 folded group run one after another with the env var `core` bound to their core id. Results are rounded to each
-action's dtype. On-chip buffers are private to a program, "ws.*" workspaces to a group, other names are GM.
+action's dtype. On-chip buffers are private to a program, "ws.*" workspaces to a group, other names are GM
+("gm.*": a kernel's GM workspace, allocated by its first write and shared by all groups).
+
+An instruction named "sync_all" is the all-core barrier (AscendC SyncAll): a program reaching it waits until every
+program of every group has reached it or ended, so a later phase (e.g. split-KV's combine) reads what all cores wrote.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ class _Memory:
         self.gm, self.ws, self.local = gm, ws, {}
 
     def space(self, name: str) -> dict[str, np.ndarray]:
-        return self.gm if name in self.gm else self.ws if name.startswith("ws.") else self.local
+        if name in self.gm or name.startswith("gm."):
+            return self.gm
+        return self.ws if name.startswith("ws.") else self.local
 
     def window(self, ref: Ref, env: dict[str, int], arr: np.ndarray | None):
         start = [value(s, env) for s in ref.start]
@@ -54,7 +60,7 @@ class _Memory:
         space = self.space(ref.name)
         arr = space.get(ref.name)
         start, lim = self.window(ref, env, arr)
-        if space is not self.gm:  # on-chip buffer or workspace: allocated by its first write, grown by later ones
+        if space is not self.gm or ref.name.startswith("gm."):  # buffer or workspace: allocated by its first write
             need = [s + (n if n >= 0 else v) for s, n, v in zip(start, ref.size, np.shape(val))]
             if arr is None or any(a < b for a, b in zip(arr.shape, need)):
                 grown = np.zeros([max(a, b) for a, b in zip(arr.shape if arr is not None else need, need)])
@@ -84,34 +90,59 @@ def _run(act: Act, mem: _Memory, env: dict[str, int]) -> None:
 def execute(trace: Trace, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Execute every group of the trace on `tensors` (GM: inputs and preallocated outputs, modified in place)."""
     gm = {k: np.array(v, dtype=np.float64) for k, v in tensors.items()}
+    cores = []
     for g in trace.groups:
         for copy in range(g.copies):
             ws: dict[str, np.ndarray] = {}
             progs = [(unroll(p.body, {"core": g.index + copy, "aiv": i - (g.aic is not None)}), _Memory(gm, ws))
                      for i, p in enumerate(g.programs)]
-            _schedule(progs, dict(g.flags))
-    return gm
+            cores.append(_Core(progs, dict(g.flags)))
+    while True:  # one phase per sync_all: every core runs up to its barrier, then all pass it together
+        for core in cores:
+            core.run()
+        if not any(core.at_barrier() for core in cores):
+            return gm
+        for core in cores:
+            core.pass_barrier()
 
 
-def _schedule(progs: list[tuple[Iterator, _Memory]], flags: dict[str, int]) -> None:
-    pending: list[tuple[Instr, dict] | None] = [next(it, None) for it, _ in progs]
-    live = [p is not None for p in pending]
-    while any(live):
-        progressed = False
-        for i, (it, mem) in enumerate(progs):
-            while live[i]:
-                ins, env = pending[i]
-                if any(flags.get(f, 0) <= 0 for f in ins.wait):
-                    break
-                for f in ins.wait:
-                    flags[f] -= 1
-                if ins.action is not None:
-                    _run(ins.action, mem, env)
-                for f in ins.set:
-                    flags[f] = flags.get(f, 0) + 1
-                progressed = True
-                nxt = next(it, None)
-                pending[i], live[i] = nxt, nxt is not None
-        if not progressed:
-            waits = [f"{p[0].pipe}:{p[0].op} waits {p[0].wait}" for p in pending if p]
-            raise NpusimError(f"trace deadlocks: every program stalls on a flag ({'; '.join(waits)})")
+class _Core:
+    """The programs of one AI core (AIC and AIVs) run round-robin under their group's flags."""
+
+    def __init__(self, progs: list[tuple[Iterator, _Memory]], flags: dict[str, int]):
+        self.progs, self.flags = progs, flags
+        self.pending: list[tuple[Instr, dict] | None] = [next(it, None) for it, _ in progs]
+
+    def at_barrier(self) -> bool:
+        return any(p is not None and p[0].op == "sync_all" for p in self.pending)
+
+    def pass_barrier(self) -> None:
+        for i, p in enumerate(self.pending):
+            if p is not None and p[0].op == "sync_all":
+                for f in p[0].set:
+                    self.flags[f] = self.flags.get(f, 0) + 1
+                self.pending[i] = next(self.progs[i][0], None)
+
+    def run(self) -> None:
+        pending, flags = self.pending, self.flags
+        while True:
+            progressed = False
+            for i, (it, mem) in enumerate(self.progs):
+                while pending[i] is not None and pending[i][0].op != "sync_all":
+                    ins, env = pending[i]
+                    if any(flags.get(f, 0) <= 0 for f in ins.wait):
+                        break
+                    for f in ins.wait:
+                        flags[f] -= 1
+                    if ins.action is not None:
+                        _run(ins.action, mem, env)
+                    for f in ins.set:
+                        flags[f] = flags.get(f, 0) + 1
+                    progressed = True
+                    pending[i] = next(it, None)
+            stalled = [p for p in pending if p is not None and p[0].op != "sync_all"]
+            if not stalled:
+                return
+            if not progressed:
+                waits = [f"{p[0].pipe}:{p[0].op} waits {p[0].wait}" for p in stalled]
+                raise NpusimError(f"trace deadlocks: every program stalls on a flag ({'; '.join(waits)})")

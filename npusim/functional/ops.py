@@ -180,3 +180,34 @@ def finalize(acc, st, *sink, shape, **_):
     """O = acc / (l + e^(sink - m)) (the sink only in the denominator); rows without keys give 0."""
     den = st[:, 1] + (np.exp(sink[0][0] - _finite(st[:, 0])) if sink else 0.0)
     return np.divide(acc, den[:, None], out=np.zeros_like(acc), where=den[:, None] > 0)
+
+
+# ------------------------------------------------------------------ split-KV (flash-decoding) partials and combine
+@op
+def partial(acc, st, shape, **_):
+    """A key range's normalised output acc / l (0 where the range had no visible key)."""
+    return np.divide(acc, st[:, 1:2], out=np.zeros_like(acc), where=st[:, 1:2] > 0)
+
+
+@op
+def lse(st, shape, **_):
+    """A key range's log-sum-exp m + ln l (-inf where it had no visible key)."""
+    with np.errstate(divide="ignore"):
+        return np.where(st[:, 1] > 0, _finite(st[:, 0]) + np.log(st[:, 1]), -np.inf)[:, None]
+
+
+@op
+def merge_weights(lse_, *sink, shape, **_):
+    """w_s = e^(lse_s - M) / (sum_s e^(lse_s - M) + e^(sink - M)), M the largest term (the sink only joins the
+    denominator, as in the unsplit softmax); rows without any key get zero weights."""
+    terms = lse_ if not sink else np.concatenate([lse_, sink[0][0][:, None]], 1)
+    m = _finite(terms.max(1, keepdims=True))
+    e = np.exp(terms - m)
+    den = e.sum(1, keepdims=True)
+    return np.divide(e[:, :lse_.shape[1]], den, out=np.zeros_like(lse_), where=den > 0)
+
+
+@op
+def axpy(acc, w, x, shape, col, **_):
+    """acc + w[:, col] x: one partial merged into the output rows."""
+    return acc + w[:, col:col + 1] * x

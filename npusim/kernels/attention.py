@@ -20,7 +20,7 @@ The kernels differ only in a query token's key set:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import ClassVar
 
@@ -30,11 +30,15 @@ from npusim.errors import NpusimError
 from npusim.kernels.base import Band, Kernel, Work, addr, cdiv, distribute, ins, nbytes, need_cube, register
 from npusim.kernels.tile import Act, Lin, Ref, lin
 from npusim.kernels.trace import Loop, Node, Trace
-from npusim.spec.chip import Chip
+from npusim.spec.chip import BYTES_PER_ELEMENT, Chip
 
 KC, VK, VC = 128, 256, 128  # keys per K chunk, keys per V chunk, V columns per chunk (models.md §3.5)
 GATHER_ROWS = 32  # rows per vector-core gather copy (double-buffered in UB)
 SOFTMAX_FLOPS = 6  # vector FLOPs per score: scale, mask, max, subtract, exp, sum (estimate)
+
+
+def _rate(pipe, chip: Chip) -> float:
+    return pipe.bytes_per_cycle * chip.clock
 
 
 def shift(i: Lin, k: int) -> Lin:
@@ -61,6 +65,7 @@ class Plan:
     vc: int  # V columns per chunk
     vr: int  # AIV rows per UB chunk
     ub: float
+    splits: int = 1  # key ranges per block (split-KV / flash-decoding); > 1 adds the combine phase
 
 
 class Attention(Kernel):
@@ -132,12 +137,68 @@ class Attention(Kernel):
 
     # ------------------------------------------------------------------ tiling
     def plan(self, chip: Chip) -> Plan:
+        """The block geometry; split-KV when the blocks (sequence x head-block x token-block) are fewer than the cores.
+
+        Decode has few tokens per sequence, so without a key split most cores idle. Split-KV gives each core a key
+        range of a block and merges the partial results afterwards (flash-decoding). `kv_splits` 0 chooses the
+        block (a token's heads, or half or a quarter of them) and the number of ranges that minimise an estimate of
+        the waves of work plus the combine; it needs every block to walk the same key tiles (uniform decode).
+        """
+        base = self.geometry(chip, self.block_m)
+        tiles = self.tiles(base)
+        if self.kv_splits == 1 or tiles.min() != tiles.max():
+            return base
+        n = int(tiles[0])
+        if self.kv_splits:
+            return replace(base, splits=min(self.kv_splits, n))
+        if self.blocks(base) >= chip.aic.count:
+            return base
+        hg = self.heads // self.kvh
+        sizes = sorted({m for m in (self.block_m, hg, hg // 2, hg // 4)
+                        if 16 <= m <= max(self.block_m, hg) and (m % hg == 0 or hg % m == 0)})
+        options = [replace(self.geometry(chip, m), splits=s) for m in sizes for s in range(1, n + 1)]
+        return min(options, key=lambda p: (self.estimate(chip, p, n), p.splits))
+
+    def blocks(self, p: Plan) -> int:
+        return self.batch * self.kvh * p.hsplit * cdiv(self.tokens, p.tpb)
+
+    def tiles(self, p: Plan) -> np.ndarray:
+        """Key tiles each token block walks (the most any of its tokens needs)."""
+        cols = self.per_token_columns()
+        nq = cdiv(self.tokens, p.tpb)
+        padded = np.zeros(nq * p.tpb, dtype=np.int64)
+        padded[:self.tokens] = cols
+        return np.maximum(1, -(-padded.reshape(nq, p.tpb).max(1) // self.block_n))
+
+    def estimate(self, chip: Chip, p: Plan, n: int) -> float:
+        """Seconds of a split plan (to choose one, not to time it): the longest of the waves of (block, key range)
+        items — each as long as its cube work or its key loads (gathers by the two AIVs, else the AIC's MTE2) —, the
+        L2 traffic (key rows once per head block, the C<->V workspaces, the partials) and the HBM traffic; plus the
+        combine reading every range's partial output on all vector cores."""
+        dq, dv = self.dims
+        b, bn, tps = BYTES_PER_ELEMENT[self.dtype], self.block_n, cdiv(n, p.splits)
+        ranges, tiles = cdiv(n, tps), p.groups * tps
+        aiv = _rate(chip.aiv.pipes["mte2"], chip)
+        cube = 2.0 * tiles * p.rows * bn * (dq + dv) / (chip.peak_cube_flops(self.dtype) / chip.aic.count)
+        if self.gathered:  # rows gathered to the workspace, read back as K and as V
+            feed, tile_kv = tiles * bn * (b * dq + 4.0) / (2 * aiv), bn * b * (2 * dq + dv)
+        else:
+            feed, tile_kv = tiles * bn * b * (dq + dv) / _rate(chip.aic.pipes["mte2"], chip), bn * b * (dq + dv)
+        tile_ws = p.rows * (2.0 * bn * (4 + b) + 4 * 4.0 * dv)  # S, P, O~ and the running output: written, read
+        items = self.blocks(p) * ranges
+        rows = self.batch * self.tokens * self.heads
+        partials = 2 * 4.0 * rows * dv * ranges if ranges > 1 else 0.0
+        l2 = (items * tiles * (tile_kv + tile_ws) + partials) / (chip.l2.read_bandwidth * chip.efficiency.l2)
+        hbm = self.work().hbm_bytes / (chip.hbm.bandwidth * chip.efficiency.hbm)
+        return max(cdiv(items, chip.aic.count) * max(cube, feed), l2, hbm) + partials / (chip.aiv.count * aiv)
+
+    def geometry(self, chip: Chip, bm: int) -> Plan:
         dq, dv = self.dims
         hg = self.heads // self.kvh
         if self.heads % self.kvh:
             raise NpusimError(f"{self.name}: heads={self.heads} is not a multiple of kv_heads={self.kvh}",
                               field="shape")
-        bm, bn = self.block_m, self.block_n
+        bn = self.block_n
         if bn % VK:
             raise NpusimError(f"{self.name} block_n={bn} must be a multiple of {VK}", field="tiling.block_n")
         hb = min(hg, bm)
@@ -179,8 +240,14 @@ class Attention(Kernel):
         kv_bytes = B * KVH * self.kv_rows * nbytes(dt, dq)
         fits = kv_bytes <= chip.l2.size  # then rows read again (other blocks, other tokens' selections) hit L2
         hit_kv = 1 - 1 / max(1, cdiv(T, p.tpb) * p.hsplit) if fits else 0.0
-        hit_gather = max(0.0, 1 - B * self.kv_rows / self.total_pairs()) if fits else 0.0
+        reuse = max(0.0, 1 - B * self.kv_rows / self.total_pairs()) if fits else 0.0  # other tokens chose the row
+        # head blocks of one token gather the same rows at about the same time: all but the first read hit L2
+        hit_gather = 1 - (1 - reuse) / p.hsplit
         vflops = float(chip.aiv.vector.flop_per_cycle["fp32"])
+        # C<->V workspaces (gathered rows, S, P, O~, the running output) are written and read back at once: they
+        # stay in the write-back L2 while all cores' workspaces fit in half of it (estimate: the rest caches KV)
+        ws = (2 * nbytes(dt, bn, dq) if g else 0) + 2 * R * bn * (4.0 + BYTES_PER_ELEMENT[dt]) + 3 * 4.0 * R * dv
+        ws_hit = 1.0 if ws * chip.aic.count <= chip.l2.size / 2 else 0.0
         rstop = (lin(("bk", T * hg), base=T * hg), dq)  # q rows of this (batch, kv head)
         ostop = (rstop[0], dv)
         kvstop = (lin(("bk", S), base=S), dq)
@@ -225,7 +292,7 @@ class Attention(Kernel):
                     edge_in, edge_out = kc == 0 and r == 0, kc == bn // KC - 1 and r == rq - 1
                     body.append(ins("fixpipe", "store_s", Act("fixpipe", Ref(f"ws.s{slot}", (r * c, kc * KC), (c, KC)),
                                                               (Ref("l0c", (0, 0), (c, KC)),), "fp32"),
-                                    bytes=4.0 * c * KC, dtype="fp32", src="l0c", dst="gm",
+                                    bytes=4.0 * c * KC, dtype="fp32", src="l0c", dst="gm", hit=ws_hit,
                                     wait=("l0c.full",) + (("s.free0", "s.free1") if edge_in else ()),
                                     set=("l0c.free",) + (("s.full0", "s.full1") if edge_out else ())))
             return tuple(body)
@@ -281,7 +348,7 @@ class Attention(Kernel):
                     body.append(ins("fixpipe", "store_o", Act("fixpipe", Ref(f"ws.o{slot}", (r * c, d * p.vc),
                                                                              (c, p.vc)),
                                                               (Ref("l0c", (0, 0), (c, p.vc)),), "fp32"),
-                                    bytes=4.0 * c * p.vc, dtype="fp32", src="l0c", dst="gm",
+                                    bytes=4.0 * c * p.vc, dtype="fp32", src="l0c", dst="gm", hit=ws_hit,
                                     wait=("l0c.full",) + (("o.free0", "o.free1") if edge_in else ()),
                                     set=("l0c.free",) + (("o.full0", "o.full1") if edge_out else ())))
             return tuple(body)
@@ -306,7 +373,8 @@ class Attention(Kernel):
                     ins("mte3", "store_kv", Act("store", Ref(f"ws.kv{slot}", (a * half + j * GATHER_ROWS, 0),
                                                              (GATHER_ROWS, dq)),
                                                 (Ref("ub.g", (0, 0), (GATHER_ROWS, dq)),), dt),
-                        bytes=nbytes(dt, GATHER_ROWS, dq), dtype=dt, src="ub", dst="gm", wait=(f"ub.full{a}",),
+                        bytes=nbytes(dt, GATHER_ROWS, dq), dtype=dt, src="ub", dst="gm", hit=ws_hit,
+                        wait=(f"ub.full{a}",),
                         set=(f"ub.free{a}",) + ((f"kv.full{a}",) if j == n - 1 else ()))]
             return tuple(body)
 
@@ -344,7 +412,7 @@ class Attention(Kernel):
                         flops=2.0 * p.vr * bn, bytes=4.0 * p.vr * bn, dtype="fp32", src="ub", dst="ub",
                         wait=(f"pb.free{a}",), set=(f"sb.free{a}", f"pb.full{a}")),
                     ins("mte3", "store_p", Act("store", Ref(f"ws.p{slot}", (rows_of(a, j), 0), (p.vr, bn)), (p_ub,), dt),
-                        bytes=nbytes(dt, p.vr, bn), dtype=dt, src="ub", dst="gm",
+                        bytes=nbytes(dt, p.vr, bn), dtype=dt, src="ub", dst="gm", hit=ws_hit,
                         wait=(f"pb.full{a}",) + ((f"p.free{a}",) if j == 0 else ()),
                         set=(f"pb.free{a}",) + ((f"p.full{a}",) if j == nch - 1 else ()))]
             return tuple(body)
@@ -356,7 +424,7 @@ class Attention(Kernel):
 
         def store_acc(a: int, j: int) -> Node:
             return ins("mte3", "store_acc", Act("store", acc_ws(a, j), (acc_ub,), "fp32"), bytes=4.0 * p.vr * dv,
-                       dtype="fp32", src="ub", dst="gm", wait=(f"ab.done{a}",), set=(f"ab.free{a}",))
+                       dtype="fp32", src="ub", dst="gm", hit=ws_hit, wait=(f"ab.done{a}",), set=(f"ab.free{a}",))
 
         @lru_cache(maxsize=None)
         def accumulate(a: int, slot: int, kt: Lin) -> tuple[Node, ...]:
@@ -405,6 +473,70 @@ class Attention(Kernel):
                              wait=(f"ab.done{a}",), set=(f"ab.free{a}",))]
             return tuple(body)
 
+        # ---------------------------------------------------------------- split-KV: partials, barrier, combine
+        Rtot = B * KVH * T * hg  # q rows of the launch, the row order of out and of the partials
+        part_hit = 1.0 if 4.0 * Rtot * p.splits * (dv + 1) <= chip.l2.size else 0.0  # partials stay in L2
+
+        @lru_cache(maxsize=None)
+        def partial(a: int, slot: int) -> tuple[Node, ...]:
+            """This key range's normalised output and log-sum-exp (m + ln l) per row, to the GM partials."""
+            body: list[Node] = []
+            for j in range(nch):
+                st = Ref(f"ub.st{slot}", (j * p.vr, 0), (p.vr, 3))
+                row = lin(("grow", 1), base=rows_of(a, j))
+                o_ub, lse_ub = Ref("ub.out", (0, 0), (p.vr, dv)), Ref("ub.lse", (0, 0), (p.vr, 1))
+                body += [ins("mte2", "load_acc", Act("load", acc_ub, (acc_ws(a, j),), "fp32"), bytes=4.0 * p.vr * dv,
+                             dtype="fp32", src="gm", dst="ub", hit=1.0, wait=(f"ab.free{a}",), set=(f"ab.full{a}",)),
+                         ins("vector", "partial", Act("partial", o_ub, (acc_ub, st), "fp32"), flops=1.0 * p.vr * dv,
+                             bytes=4.0 * p.vr * dv, dtype="fp32", src="ub", dst="ub", wait=(f"ab.full{a}",)),
+                         ins("vector", "lse", Act("lse", lse_ub, (st,), "fp32"), flops=2.0 * p.vr, bytes=12.0 * p.vr,
+                             dtype="fp32", src="ub", dst="ub", set=(f"ab.done{a}",)),
+                         ins("mte3", "store_partial", Act("store", Ref("gm.part_o", (row, lin(("si", dv))), (p.vr, dv),
+                                                                       (ostop[0], None)), (o_ub,), "fp32"),
+                             bytes=4.0 * p.vr * dv, dtype="fp32", src="ub", dst="gm", hit=part_hit,
+                             wait=(f"ab.done{a}",)),
+                         ins("mte3", "store_lse", Act("store", Ref("gm.part_lse", (row, lin(("si", 1))), (p.vr, 1),
+                                                                   (ostop[0], None)), (lse_ub,), "fp32"),
+                             bytes=4.0 * p.vr, dtype="fp32", src="ub", dst="gm", hit=part_hit, set=(f"ab.free{a}",))]
+            return tuple(body)
+
+        def barrier(a: int) -> tuple[Node, ...]:
+            """AscendC SyncAll between the phases: each vector core bumps a GM counter once its partials are out
+            (MTE3, after its last store) and polls it before the combine reads; the wait for the slowest core is not
+            timed (the items are balanced over the cores), the functional path runs it as a true barrier."""
+            return (ins("mte3", "sync_all", bytes=32.0, dtype="int32", src="ub", dst="gm", hit=1.0, set=(f"sync{a}",)),
+                    ins("mte2", "sync_poll", bytes=32.0, dtype="int32", src="gm", dst="ub", hit=1.0,
+                        wait=(f"sync{a}",)))
+
+        def combine(a: int, ranges: int, cr: int) -> tuple[Node, ...]:
+            """cr rows: weights w_s = e^(lse_s - M) / (sum_s e^(lse_s - M) [+ e^(sink - M)]), out = sum_s w_s o_s."""
+            r0 = lin(("blk", 2 * cr), base=a * cr)
+            stop = (Rtot, None)
+            lse, wts, acc = Ref("ub.lse", (0, 0), (cr, ranges)), Ref("ub.w", (0, 0), (cr, ranges)), \
+                Ref("ub.cacc", (0, 0), (cr, dv))
+            sink = (Ref("sink", (0, lin(("blk", 2 * cr), base=a * cr, mod=hg)), (1, cr)),) if self.with_sink else ()
+            body: list[Node] = [
+                ins("mte2", "load_lse", Act("load", lse, (Ref("gm.part_lse", (r0, 0), (cr, ranges), stop),), "fp32"),
+                    bytes=4.0 * cr * ranges, dtype="fp32", src="gm", dst="ub", hit=part_hit, wait=(f"cl.free{a}",),
+                    set=(f"cl.full{a}",)),
+                ins("vector", "merge_weights", Act("merge_weights", wts, (lse,) + sink, "fp32"),
+                    flops=4.0 * cr * ranges, bytes=8.0 * cr * ranges, dtype="fp32", src="ub", dst="ub",
+                    wait=(f"cl.full{a}", f"co.free{a}"), set=(f"cl.free{a}",)),
+                ins("vector", "zero", Act("zero", acc), bytes=4.0 * cr * dv, dtype="fp32", dst="ub")]
+            for r in range(ranges):
+                o = Ref(f"ub.co{r % 2}", (0, 0), (cr, dv))
+                body += [ins("mte2", "load_partial", Act("load", o, (Ref("gm.part_o", (r0, r * dv), (cr, dv), stop),),
+                                                         "fp32"),
+                             bytes=4.0 * cr * dv, dtype="fp32", src="gm", dst="ub", hit=part_hit,
+                             wait=(f"cb.free{a}",), set=(f"cb.full{a}",)),
+                         ins("vector", "merge", Act("axpy", acc, (acc, wts, o), "fp32", (("col", r),)),
+                             flops=2.0 * cr * dv, bytes=8.0 * cr * dv, dtype="fp32", src="ub", dst="ub",
+                             wait=(f"cb.full{a}",), set=(f"cb.free{a}",) + ((f"co.full{a}",) if r == ranges - 1 else ()))]
+            body.append(ins("mte3", "store_out", Act("store", Ref("out", (r0, 0), (cr, dv), (Rtot, dv)), (acc,), "bf16"),
+                            bytes=nbytes("bf16", cr, dv), dtype="bf16", src="ub", dst="gm", wait=(f"co.full{a}",),
+                            set=(f"co.free{a}",)))
+            return tuple(body)
+
         # ---------------------------------------------------------------- one row group with n key tiles
         def paired(count: int, make, var: str, tail: str) -> tuple[Node, ...]:
             """`count` preload iterations unrolled by two (static slots); an odd last one indexed by band var `tail`."""
@@ -412,32 +544,34 @@ class Attention(Kernel):
             if count <= 0:
                 return out
             if count // 2:
-                out += (Loop(count // 2, make(0, lin((var, 2))) + make(1, lin((var, 2), base=1)), var),)
+                out += (Loop(count // 2, make(0, lin((var, 2), K0)) + make(1, lin((var, 2), K0, base=1)), var),)
             if count % 2:
-                out += make(0, lin((tail, 1)))
+                out += make(0, lin((tail, 1), K0))
             return out
 
-        last = lin(("klast", 1))
+        K0 = ("k0", 1)  # key tiles are numbered from the first tile of the block's key range
+        kfirst, last = lin(K0), lin(("klast", 1), K0)
 
         def aic_group(n: int) -> tuple[Node, ...]:
             q = Ref("q", (lin(("grow", 1)), 0), (R, dq), rstop)
             body = (ins("mte2", "load_q", Act("load", Ref("l1.q", (0, 0), (R, dq)), (q,), dt), bytes=nbytes(dt, R, dq),
                         dtype=dt, src="gm", dst="l1", wait=("q.free",), set=("q.full",)),
-                    ins("mte1", "wait_q", wait=("q.full",))) + c1(0, Lin(0))
+                    ins("mte1", "wait_q", wait=("q.full",))) + c1(0, kfirst)
             body += paired(n - 1, lambda s, i: c1(1 - s, shift(i, 1)) + c2(s, i), "kp", "ktail1")
             return body + (ins("mte1", "release_q", set=("q.free",)),) + c2((n - 1) % 2, last)
 
         def aiv_group(a: int, n: int) -> tuple[Node, ...]:
             gat = (lambda s, i: gather(a, s, i)) if g else (lambda s, i: ())
-            body = init(a) + gat(0, Lin(0))
+            body = init(a) + gat(0, kfirst)
             if n >= 2:
-                body += gat(1, Lin(1)) + softmax(a, 0, Lin(0))
+                body += gat(1, shift(kfirst, 1)) + softmax(a, 0, kfirst)
             body += paired(n - 2, lambda s, i: gat(s, shift(i, 2)) + softmax(a, 1 - s, shift(i, 1))
                            + accumulate(a, s, i), "kp", "ktail2")
             body += softmax(a, (n - 1) % 2, last)
             if n >= 2:
                 body += accumulate(a, n % 2, shift(last, -1))
-            return body + accumulate(a, (n - 1) % 2, last) + finalize(a, (n - 1) % 2)
+            end = partial if p.splits > 1 else finalize
+            return body + accumulate(a, (n - 1) % 2, last) + end(a, (n - 1) % 2)
 
         def grouped(body: tuple[Node, ...]) -> tuple[Node, ...]:
             """Bind the group's rows and token, looping over the block's tokens when each has its own key set."""
@@ -448,23 +582,34 @@ class Attention(Kernel):
             return (Loop(p.groups, (head,) + body, "gi"),)
 
         # ---------------------------------------------------------------- bands of blocks with equal tile counts
-        cols = self.per_token_columns()
-        nq = cdiv(T, p.tpb)
-        padded = np.zeros(nq * p.tpb, dtype=np.int64)
-        padded[:T] = cols
-        tiles = np.maximum(1, -(-padded.reshape(nq, p.tpb).max(1) // bn))
+        tiles = self.tiles(p)
+        nq = tiles.size
         edges = np.flatnonzero(np.diff(tiles)) + 1
         starts = np.concatenate([[0], edges])
         counts = np.diff(np.concatenate([starts, [nq]]))
         bands = []
-        for first, ntb in zip(starts.tolist(), counts.tolist()):
-            n = int(tiles[first])
-            head = addr(hk=lin(("blk", 1), mod=p.hsplit), tq=lin(("blk", 1), div=p.hsplit, mod=ntb),
-                        bk=lin(("blk", 1), div=p.hsplit * ntb), t0=lin(("first", p.tpb), ("tq", p.tpb)),
-                        row0=lin(("bk", T * hg), ("t0", hg), ("hk", p.hb)), kvrow=lin(("bk", S)))
-            bind = (("first", first), ("klast", n - 1), ("ktail1", n - 2), ("ktail2", n - 3))
-            bands.append(Band(B * KVH * p.hsplit * ntb, (head,) + grouped(aic_group(n)),
-                              tuple((head,) + grouped(aiv_group(a, n)) for a in range(2)), bind))
+        for tb0, ntb in zip(starts.tolist(), counts.tolist()):
+            n = int(tiles[tb0])
+            tps = cdiv(n, p.splits)  # tiles per key range: full ranges, then the shorter last one
+            for s0, ns, k in ((0, n // tps, tps), (n // tps, 1, n % tps)):
+                if not ns or not k:
+                    continue
+                head = addr(sj=lin(("blk", 1), mod=ns), si=lin(("sj", 1), ("s0", 1)), k0=lin(("si", tps)),
+                            bq=lin(("blk", 1), div=ns), hk=lin(("bq", 1), mod=p.hsplit),
+                            tq=lin(("bq", 1), div=p.hsplit, mod=ntb), bk=lin(("bq", 1), div=p.hsplit * ntb),
+                            t0=lin(("first", p.tpb), ("tq", p.tpb)), row0=lin(("bk", T * hg), ("t0", hg), ("hk", p.hb)),
+                            kvrow=lin(("bk", S)))
+                bind = (("first", tb0), ("klast", k - 1), ("ktail1", k - 2), ("ktail2", k - 3), ("s0", s0))
+                bands.append(Band(B * KVH * p.hsplit * ntb * ns, (head,) + grouped(aic_group(k)),
+                                  tuple((head,) + grouped(aiv_group(a, k)) for a in range(2)), bind))
+        ranges = cdiv(int(tiles[0]), cdiv(int(tiles[0]), p.splits)) if p.splits > 1 else 1
+        ub_combine = cr = 0
+        if ranges > 1:
+            cr = next((r for r in (32, 16, 8, 4, 2) if (hg % r == 0 or not self.with_sink) and cdiv(Rtot, 2 * r) >= chip.aic.count
+                       and 4.0 * r * (2 * ranges + 3 * dv) <= chip.aiv.buffers.ub), 1)
+            ub_combine = 4.0 * cr * (2 * ranges + 3 * dv)
+            bands.append(Band(cdiv(Rtot, 2 * cr), None, tuple(combine(a, ranges, cr) for a in range(2)),
+                              lead=tuple(barrier(a) for a in range(2))))
         nab = min(2, nch)
         flags = {"q.free": 1, "q.full": 0, "k.free": 3, "k.full": 0, "pl1.free": 1, "pl1.full": 0, "l0.free": 2,
                  "l0.full": 0, "l0c.free": 2, "l0c.full": 0}
@@ -473,13 +618,18 @@ class Attention(Kernel):
                                                   ("p.free", 2), ("p.full", 0), ("o.free", 2), ("o.full", 0),
                                                   ("ub.free", 2), ("ub.full", 0), ("sb.free", 2), ("sb.full", 0),
                                                   ("pb.free", 2), ("pb.full", 0), ("ab.free", nab), ("ab.full", 0),
-                                                  ("ab.done", 0))}
+                                                  ("ab.done", 0), ("cl.free", 1), ("cl.full", 0),
+                                                  ("cb.free", 2), ("cb.full", 0), ("co.free", 1), ("co.full", 0),
+                                                  ("sync", 0))}
         w = self.work()
+        buffers = self.buffers(p)
+        buffers["ub"] = max(buffers["ub"], ub_combine)
         return Trace(self.name, chip.name, self.shape, distribute(bands, chip.aic.count, flags), w.cube_flops,
-                     w.hbm_bytes, self.buffers(p),
+                     w.hbm_bytes, buffers,
                      {"block": (p.tpb * p.hb, bn), "row_group": R, "key_set": "gathered" if g else "contiguous",
                       "l0_c1": ((c, p.bk), (p.bk, KC)), "l0_c2": ((c, KC), (KC, p.vc)), "kv_ring": 3,
-                      "aiv_rows": p.vr, "bands": len(bands), "scale": round(scale, 6)}, dtype=dt)
+                      "aiv_rows": p.vr, "bands": len(bands), "kv_splits": ranges, "combine_rows": cr,
+                      "scale": round(scale, 6)}, dtype=dt)
 
 
 @register
@@ -490,7 +640,7 @@ class SparseFlashAttention(Attention):
     (-1 = none) -> out [batch*tokens*heads, d_v]."""
 
     name: ClassVar[str] = "sparse_flash_attention"
-    options: ClassVar[tuple[str, ...]] = ("dtype", "causal", "block_m", "block_n", "scale")
+    options: ClassVar[tuple[str, ...]] = ("dtype", "causal", "block_m", "block_n", "scale", "kv_splits")
     tokens: int
     keys: int
     heads: int = 128
@@ -504,6 +654,7 @@ class SparseFlashAttention(Attention):
     block_m: int = 256
     block_n: int = 512
     scale: float = 0.0  # 0 = d_qk^-0.5
+    kv_splits: int = 0  # key ranges per block: 0 = split-KV when blocks < cores, 1 = never
 
     @property
     def width(self) -> int:
@@ -521,7 +672,7 @@ class FlashAttention(Attention):
     `tokens` positions of `keys`."""
 
     name: ClassVar[str] = "flash_attention"
-    options: ClassVar[tuple[str, ...]] = ("dtype", "causal", "block_m", "block_n", "scale")
+    options: ClassVar[tuple[str, ...]] = ("dtype", "causal", "block_m", "block_n", "scale", "kv_splits")
     gathered: ClassVar[bool] = False
     tokens: int
     keys: int
@@ -536,6 +687,7 @@ class FlashAttention(Attention):
     block_m: int = 128
     block_n: int = 512
     scale: float = 0.0
+    kv_splits: int = 0
 
     @property
     def width(self) -> int:
@@ -554,7 +706,7 @@ class V4Attention(Attention):
     keys//ratio)] index into it (-1 = none); sink [1, heads]."""
 
     name: ClassVar[str] = "v4_attention"
-    options: ClassVar[tuple[str, ...]] = ("dtype", "block_m", "block_n", "scale")
+    options: ClassVar[tuple[str, ...]] = ("dtype", "block_m", "block_n", "scale", "kv_splits")
     tokens: int
     keys: int
     heads: int = 64
@@ -569,6 +721,7 @@ class V4Attention(Attention):
     block_m: int = 256  # SAS A3 basic block (256, 512), models.md §3.6
     block_n: int = 512
     scale: float = 0.0
+    kv_splits: int = 0
     causal: ClassVar[int] = 0  # the index set is causal by construction
 
     @property

@@ -158,6 +158,7 @@ class Band:
     aic: tuple[Node, ...] | None
     aiv: tuple[tuple[Node, ...], ...] = ()
     bind: tuple[tuple[str, int], ...] = ()  # band constants (first block, loop counts) so bodies can be shared
+    lead: tuple[tuple[Node, ...], ...] = ()  # per AIV: run once before this band's blocks on a core (a barrier)
 
 
 def distribute(bands: list[Band], cores: int, flags: dict[str, int]) -> tuple[Group, ...]:
@@ -178,6 +179,8 @@ def distribute(bands: list[Band], cores: int, flags: dict[str, int]) -> tuple[Gr
         for band, n, r in zip(bands, key, rots):
             inner = band.aic if which < 0 else band.aiv[which]
             if n and inner:
+                if 0 <= which < len(band.lead):
+                    body.extend(band.lead[which])
                 head = addr(**dict(band.bind), s=lin(("core", 1), base=-r, mod=cores),
                             blk=lin(("w", cores), ("s", 1)))
                 body.append(Loop(n, (head,) + inner, "w"))
