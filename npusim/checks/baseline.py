@@ -1,0 +1,144 @@
+"""Regression baselines: named scenarios with their recorded TTFT, TPOT, throughput and memory, and tolerances.
+
+A change that moves a prediction beyond its tolerance is drift: `npusim check` exits non-zero until the baseline
+is rewritten knowingly with `--update`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from npusim import api
+from npusim.errors import NpusimError
+from npusim.results.prediction import Prediction
+from npusim.spec.schema import read_yaml
+
+METRICS = {  # recorded name -> how it is read from a prediction
+    "ttft_s": lambda p: p.ttft,
+    "tpot_s": lambda p: p.tpot,
+    "tokens_per_s_per_chip": lambda p: p.tokens_per_s_per_chip,
+    "prefill_memory_gib": lambda p: p.memory["prefill"].total / 2**30,
+    "decode_memory_gib": lambda p: p.memory["decode"].total / 2**30,
+}
+DEFAULT_TOLERANCE = 1e-3  # relative; predictions are deterministic, so any real change shows
+RUN_KEYS = ("hw", "model", "plan", "input", "output", "batch", "prefill_batch", "context", "quant")
+HEADER = ("# Regression baseline of the shipped scenarios: `npusim check workloads/baselines/default.yaml`.\n"
+          "# When a change moves a prediction on purpose, rewrite the values with `--update` and commit them.\n")
+
+
+@dataclass
+class Scenario:
+    name: str
+    run: dict
+    overrides: dict = field(default_factory=dict)
+    expect: dict = field(default_factory=dict)
+    tolerance: dict = field(default_factory=dict)
+
+    def predict(self, extra: dict[str, str] | None = None) -> Prediction:
+        run = {**self.run, "quant": None} if self.run.get("quant") == "model" else self.run  # as --quant model
+        return api.predict(**run, overrides={**self.overrides, **(extra or {})})
+
+
+@dataclass
+class Baseline:
+    file: str
+    scenarios: list[Scenario]
+    tolerance: dict
+
+    @classmethod
+    def load(cls, path: str | Path) -> Baseline:
+        path = Path(path)
+        if not path.exists():
+            raise NpusimError("no such baseline file", file=str(path))
+        data = read_yaml(path, str(path))
+        where = str(path)
+        tol = _tolerances(data.get("tolerance") or {}, where, "tolerance")
+        raw = data.get("scenarios")
+        if not isinstance(raw, dict) or not raw:
+            raise NpusimError("must map scenario names to {run: ..., expect: ...}", file=where, field="scenarios")
+        out = []
+        for name, body in raw.items():
+            f = f"scenarios.{name}"
+            if not isinstance(body, dict) or not isinstance(body.get("run"), dict):
+                raise NpusimError("needs a 'run' mapping of predict arguments", file=where, field=f"{f}.run")
+            bad = set(body["run"]) - set(RUN_KEYS)
+            if bad:
+                raise NpusimError(f"unknown argument '{sorted(bad)[0]}' (allowed: {', '.join(RUN_KEYS)})", file=where,
+                                  field=f"{f}.run")
+            expect = body.get("expect") or {}
+            bad = set(expect) - set(METRICS)
+            if bad:
+                raise NpusimError(f"unknown metric '{sorted(bad)[0]}' (allowed: {', '.join(METRICS)})", file=where,
+                                  field=f"{f}.expect")
+            out.append(Scenario(str(name), dict(body["run"]), {k: str(v) for k, v in (body.get("set") or {}).items()},
+                                {k: float(v) for k, v in expect.items()},
+                                _tolerances(body.get("tolerance") or {}, where, f"{f}.tolerance")))
+        return cls(where, out, tol)
+
+    def write(self, path: str | Path) -> None:
+        doc = {"tolerance": self.tolerance, "scenarios": {}}
+        for s in self.scenarios:
+            body = {"run": s.run}
+            if s.overrides:
+                body["set"] = s.overrides
+            if s.tolerance:
+                body["tolerance"] = s.tolerance
+            body["expect"] = s.expect
+            doc["scenarios"][s.name] = body
+        Path(path).write_text(HEADER + yaml.safe_dump(doc, sort_keys=False))
+
+
+def _tolerances(raw, where: str, field_: str) -> dict:
+    if not isinstance(raw, dict) or any(k not in METRICS for k in raw):
+        raise NpusimError(f"must map metrics ({', '.join(METRICS)}) to relative tolerances", file=where, field=field_)
+    try:
+        return {k: float(v) for k, v in raw.items()}
+    except (TypeError, ValueError):
+        raise NpusimError("tolerances must be numbers (relative, e.g. 0.01)", file=where, field=field_) from None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    scenario: str
+    metric: str
+    baseline: float
+    predicted: float
+    tolerance: float
+    note: str = ""
+
+    @property
+    def change(self) -> float:
+        return (self.predicted - self.baseline) / abs(self.baseline) if self.baseline else float("inf")
+
+    @property
+    def ok(self) -> bool:
+        return not self.note and abs(self.change) <= self.tolerance
+
+    def row(self) -> dict:
+        return {"scenario": self.scenario, "metric": self.metric, "baseline": self.baseline,
+                "predicted": self.predicted, "change_%": 100 * self.change, "tolerance_%": 100 * self.tolerance,
+                "status": "ok" if self.ok else (self.note.partition(":")[0] or "DRIFT")}
+
+
+def check(baseline: Baseline, overrides: dict[str, str] | None = None) -> tuple[list[Comparison], Baseline]:
+    """Every scenario predicted and compared; also returns the baseline with the new values (for --update)."""
+    rows, updated = [], []
+    for s in baseline.scenarios:
+        try:
+            p = s.predict(overrides)
+        except NpusimError as exc:
+            rows.append(Comparison(s.name, "prediction", float("nan"), float("nan"), 0.0, f"error: {exc}"))
+            updated.append(s)
+            continue
+        new = {m: float(METRICS[m](p)) for m in METRICS}
+        for m, value in new.items():
+            if m in s.expect:
+                tol = s.tolerance.get(m, baseline.tolerance.get(m, DEFAULT_TOLERANCE))
+                rows.append(Comparison(s.name, m, s.expect[m], value, tol))
+            else:
+                rows.append(Comparison(s.name, m, float("nan"), value, 0.0, "new"))
+        updated.append(Scenario(s.name, s.run, s.overrides, new, s.tolerance))
+    return rows, Baseline(baseline.file, updated, baseline.tolerance)

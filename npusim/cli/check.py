@@ -1,0 +1,65 @@
+"""`npusim check FILE`: a baseline YAML -> drift table (exit 1 on drift; --update rewrites it); a vLLM bench serve
+JSON or a measurements CSV -> predicted vs measured."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from npusim import api
+from npusim.checks import Baseline, check, compare, load_measured
+from npusim.cli import common
+from npusim.errors import NpusimError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("check", help="regression check against a baseline (exit 1 on drift, --update rewrites), or "
+                                     "predicted vs measured for a vLLM bench serve JSON / a CSV")
+    p.add_argument("file", help="baseline YAML (workloads/baselines/), vLLM bench serve result .json, or .csv")
+    p.add_argument("--update", action="store_true", help="rewrite the baseline's values with today's predictions")
+    d = api.DEFAULT
+    p.add_argument("--hw", default=d["hw"], help="measured files: the system they ran on, unless a column says")
+    p.add_argument("--model", default=d["model"], help="measured files: the model, unless a column says")
+    p.add_argument("--plan", default=d["plan"], help="measured files: the plan, unless a column says")
+    p.add_argument("--quant", default=d["quant"], help="measured files: the quantisation, unless a column says")
+    common.add_set(p)
+    common.add_format(p)
+    p.set_defaults(run=run)
+
+
+def run(args) -> None:
+    overrides = common.parse_overrides(args.overrides)
+    if Path(args.file).suffix in (".yaml", ".yml"):
+        _baseline(args, overrides)
+        return
+    defaults = {"hw": args.hw, "model": args.model, "plan": args.plan, "quant": args.quant}
+    frame = compare(load_measured(args.file, defaults), overrides)
+    common.emit(frame.round(2), args.format, title=f"predicted vs measured: {args.file}")
+
+
+def _baseline(args, overrides) -> None:
+    if args.update and overrides:
+        raise NpusimError("--update with --set would record values the scenarios do not reproduce; put overrides in "
+                          "a scenario's 'set:' instead", file=args.file, field="--set")
+    baseline = Baseline.load(args.file)
+    rows, updated = check(baseline, overrides)
+    frame = pd.DataFrame([r.row() for r in rows])
+    drift = [r for r in rows if not r.ok]
+    errors = [r for r in rows if r.note.startswith("error")]
+    if args.update and errors:
+        raise NpusimError(f"cannot record scenario '{errors[0].scenario}': {errors[0].note.removeprefix('error: ')}",
+                          file=args.file, field=f"scenarios.{errors[0].scenario}")
+    if args.update:
+        updated.write(args.file)
+        common.emit(frame, args.format, title=f"{args.file}: rewritten with {len(updated.scenarios)} scenarios")
+        return
+    common.emit(frame, args.format, title=f"check {args.file}: {len(rows) - len(drift)} of {len(rows)} within "
+                                           f"tolerance")
+    for r in errors:
+        print(f"{r.scenario}: {r.note}", file=sys.stderr)
+    if drift:
+        print(f"npusim: {len(drift)} value(s) drifted from {args.file}; if the change is intended, rerun with "
+              "--update and commit the baseline", file=sys.stderr)
+        sys.exit(1)
