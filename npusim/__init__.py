@@ -11,7 +11,7 @@ except PackageNotFoundError:  # running from a source tree without installation
 _PUBLIC = {"predict": ("npusim.api", "predict"), "sweep": ("npusim.sweeps", "sweep"),
            "plan": ("npusim.planner", "search"), "Slo": ("npusim.planner", "Slo"),
            "cost": ("npusim.results.cost", "cost"), "CostParams": ("npusim.results.cost", "CostParams"),
-           "check": ("npusim.checks", "check")}
+           "check": ("npusim.checks", "check"), "compare": ("npusim.results.compare", "compare")}
 
 
 def __getattr__(name):
@@ -21,15 +21,3 @@ def __getattr__(name):
         return getattr(importlib.import_module(module), attr)
     raise AttributeError(f"module 'npusim' has no attribute '{name}'")
 
-
-def __getattr__(name):
-    """`npusim.predict(...)` and `npusim.compare(...)` without importing the simulator at package import."""
-    if name == "predict":
-        from npusim.api import predict
-
-        return predict
-    if name == "compare":
-        from npusim.results.compare import compare
-
-        return compare
-    raise AttributeError(f"module 'npusim' has no attribute '{name}'")

@@ -85,8 +85,7 @@ def run(args) -> None:
         common.emit(frame, "table")
         return
     common.emit(frame, "table", title="Pareto frontier (served tok/s per chip counts the prefill chips; "
-                                      f"$ at {params.utilisation:.0%} utilisation, {params.amortisation_years:g}-year "
-                                      "amortisation)")
+                                      f"$ per million output tokens at {params.describe()})")
     c = result.recommended
     print(f"\nrecommended: prefill {c.prefill.layout.describe()} + decode {c.decode.layout.describe()}, "
           f"global batch {c.decode.batch}: TTFT {c.ttft * 1e3:.0f} ms, TPOT {c.tpot * 1e3:.1f} ms, "

@@ -9,6 +9,7 @@ import pandas as pd
 
 from npusim import api
 from npusim.cli import common
+from npusim.results.cost import CostParams, cost
 
 
 def register(sub) -> None:
@@ -39,8 +40,9 @@ def run(args) -> None:
                        overrides=common.parse_overrides(args.overrides))
     if args.trace:
         Path(args.trace).write_text(json.dumps(pred.chrome_trace()))
+    price = cost(pred)
     if args.format == "json":
-        print(pred.to_json())
+        print(json.dumps({**json.loads(pred.to_json()), "cost": price.as_dict()}, indent=2))
         return
     if args.format == "csv":
         frame = pd.concat([pred.breakdown(p).assign(phase=p) for p in ("prefill", "decode")], ignore_index=True)
@@ -57,6 +59,9 @@ def run(args) -> None:
     if pred.energy:
         print("energy " + "; ".join(f"{p} {pred.joules_per_token[p]:.3g} J/token, {pred.tflops_per_watt(p):.3g} "
                                     f"TFLOPS/W, {pred.energy[p].watts:.0f} W per rank" for p in ("prefill", "decode")))
+    print(f"cost   decode ${price.decode_usd_per_mtok:.3g} per million output tokens, prefill "
+          f"${price.prefill_usd_per_mtok:.3g} per million prompt tokens ({CostParams().describe()}); "
+          f"system {price.decode_system_joules_per_token:.3g} J per output token")
     print()
     common.emit(pred.phase_table().round(2), "table", title="per phase (time per step; memory per rank)")
     for phase in ("prefill", "decode"):

@@ -27,6 +27,10 @@ class CostParams:
     usd_per_kwh: float = 0.10
     pue: float = 1.3
 
+    def describe(self) -> str:
+        return (f"{self.amortisation_years:g}-year amortisation, {self.utilisation:.0%} utilisation, "
+                f"${self.usd_per_kwh:g}/kWh, PUE {self.pue:g}")
+
     def __post_init__(self):
         for name in ("amortisation_years", "utilisation", "usd_per_kwh", "pue"):
             if getattr(self, name) <= 0:
