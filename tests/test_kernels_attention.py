@@ -98,3 +98,13 @@ def test_split_kv_is_faster_at_decode(chip):
 def test_prefill_keeps_one_key_range(chip):
     t = catalog.kernel("sparse_flash_attention", {"tokens": 4096, "keys": 4096}).trace(chip)
     assert t.tiling["kv_splits"] == 1
+
+
+def test_preload_runs_across_token_boundaries(chip):
+    """The next token's Q and first C1 are issued before this token's last C2 (the cube does not drain per token)."""
+    from npusim.kernels.trace import unroll
+    t = catalog.kernel("sparse_flash_attention", {"tokens": 2, "keys": 4096, "kv_splits": 1}).trace(chip)
+    ops = [i.op for i, _ in unroll(t.groups[0].aic.body)]
+    second_q = [k for k, op in enumerate(ops) if op == "load_q"][1]
+    assert second_q < max(k for k, op in enumerate(ops) if op == "store_o") - 2 * 4  # 4 C2 row/column stores
+    assert "store_s" in ops[second_q:second_q + 60]

@@ -139,19 +139,12 @@ def _finite(m):
 
 
 @op
-def softmax_init(shape, **_):
-    """Online-softmax state rows (running max, running sum, rescale factor)."""
-    st = np.zeros(shape)
-    st[:, 0] = -np.inf
-    st[:, 2] = 1.0
-    return st
-
-
-@op
-def softmax_state(pos, s, st, shape, scale, qpos, row, hb, causal=True, **_):
-    """One key tile of the online softmax: m' = max(m, rowmax x), l' = l e^(m - m') + rowsum e^(x - m'),
-    alpha = e^(m - m') (the accumulator's rescale factor)."""
+def softmax_state(pos, s, *prev, shape, scale, qpos, row, hb, causal=True, **_):
+    """One key tile of the online softmax: state rows (m', l', alpha) with m' = max(m, rowmax x),
+    l' = l e^(m - m') + rowsum e^(x - m'), alpha = e^(m - m') (the accumulator's rescale factor); without a previous
+    state (a group's first tile) m = -inf, l = 0."""
     x = _scores(pos, s, scale, qpos, row, hb, causal)
+    st = prev[0] if prev else np.stack([np.full(x.shape[0], -np.inf), np.zeros(x.shape[0])], 1)
     m_new = np.maximum(st[:, 0], x.max(1))
     alpha = np.exp(st[:, 0] - _finite(m_new))
     l_new = st[:, 1] * alpha + np.exp(x - _finite(m_new)[:, None]).sum(1)

@@ -41,10 +41,6 @@ def _rate(pipe, chip: Chip) -> float:
     return pipe.bytes_per_cycle * chip.clock
 
 
-def shift(i: Lin, k: int) -> Lin:
-    return Lin(i.base + k, i.terms)
-
-
 def plus(i: Lin, factor: int, *terms: tuple[str, int], base: int = 0) -> Lin:
     """factor * i + base + terms: an element offset of tile index i."""
     return Lin(i.base * factor + base, tuple((v, c * factor) for v, c in i.terms) + terms)
@@ -358,14 +354,14 @@ class Attention(Kernel):
             return a * ra + j * p.vr
 
         @lru_cache(maxsize=None)
-        def gather(a: int, slot: int, kt: Lin) -> tuple[Node, ...]:
+        def gather(a: int, slot: int, kt: Lin, o: int) -> tuple[Node, ...]:
             body: list[Node] = []
             half, n = bn // 2, bn // 2 // GATHER_ROWS
             for j in range(n):
                 col = plus(kt, bn, base=a * half + j * GATHER_ROWS)
                 body += [
                     ins("mte2", "gather", Act("gather", Ref("ub.g", (0, 0), (GATHER_ROWS, dq)),
-                                              (Ref("indices", (lin(("irow", 1)), col), (1, GATHER_ROWS), istop),
+                                              (Ref("indices", (lin((f"irow{o}", 1)), col), (1, GATHER_ROWS), istop),
                                                Ref("kv", (0, 0), (-1, -1))), dt,
                                               (("fill", -1), ("base", lin(("bk", self.kv_rows))))),
                         bytes=nbytes(dt, GATHER_ROWS, dq) + 4.0 * GATHER_ROWS, dtype=dt, src="gm", dst="ub",
@@ -378,15 +374,16 @@ class Attention(Kernel):
                         set=(f"ub.free{a}",) + ((f"kv.full{a}",) if j == n - 1 else ()))]
             return tuple(body)
 
-        def mask_args(a: int, j: int) -> tuple:
-            return (("scale", scale), ("qpos", lin(("qpos", 1))), ("row", rows_of(a, j)), ("hb", p.hb),
+        def mask_args(a: int, j: int, o: int) -> tuple:
+            return (("scale", scale), ("qpos", lin((f"qpos{o}", 1))), ("row", rows_of(a, j)), ("hb", p.hb),
                     ("causal", self.mask_causal))
 
         @lru_cache(maxsize=None)
-        def softmax(a: int, slot: int, kt: Lin) -> tuple[Node, ...]:
+        def softmax(a: int, slot: int, kt: Lin, o: int, first: bool) -> tuple[Node, ...]:
+            """V1 of one key tile of the group `o` groups ahead; its first tile starts the running max and sum."""
             pos = Ref("ub.pos", (0, 0), (1, bn))
             if g:
-                body: list[Node] = [ins("mte2", "load_idx", Act("load", pos, (Ref("indices", (lin(("irow", 1)),
+                body: list[Node] = [ins("mte2", "load_idx", Act("load", pos, (Ref("indices", (lin((f"irow{o}", 1)),
                                                                                           plus(kt, bn)), (1, bn),
                                                                                      istop),), "int32",
                                                                 (("fill", -1),)),
@@ -403,12 +400,12 @@ class Attention(Kernel):
                         bytes=4.0 * p.vr * bn, dtype="fp32", src="gm", dst="ub", hit=1.0,
                         wait=(f"sb.free{a}",) + ((f"s.full{a}",) if j == 0 else ()),
                         set=(f"sb.full{a}",) + ((f"s.free{a}",) if j == nch - 1 else ())),
-                    ins("vector", "softmax_state", Act("softmax_state", st,
-                                                       (pos, s_ub, Ref(f"ub.st{1 - slot}", (j * p.vr, 0), (p.vr, 3))),
-                                                       "fp32", mask_args(a, j)),
+                    ins("vector", "softmax_state", Act("softmax_state", st, (pos, s_ub) + (
+                        () if first else (Ref(f"ub.st{1 - slot}", (j * p.vr, 0), (p.vr, 3)),)), "fp32",
+                                                       mask_args(a, j, o)),
                         flops=4.0 * p.vr * bn, bytes=4.0 * p.vr * bn, dtype="fp32", src="ub", dst="ub",
                         wait=(f"sb.full{a}",)),
-                    ins("vector", "softmax_exp", Act("softmax_exp", p_ub, (pos, s_ub, st), dt, mask_args(a, j)),
+                    ins("vector", "softmax_exp", Act("softmax_exp", p_ub, (pos, s_ub, st), dt, mask_args(a, j, o)),
                         flops=2.0 * p.vr * bn, bytes=4.0 * p.vr * bn, dtype="fp32", src="ub", dst="ub",
                         wait=(f"pb.free{a}",), set=(f"sb.free{a}", f"pb.full{a}")),
                     ins("mte3", "store_p", Act("store", Ref(f"ws.p{slot}", (rows_of(a, j), 0), (p.vr, bn)), (p_ub,), dt),
@@ -427,18 +424,23 @@ class Attention(Kernel):
                        dtype="fp32", src="ub", dst="gm", hit=ws_hit, wait=(f"ab.done{a}",), set=(f"ab.free{a}",))
 
         @lru_cache(maxsize=None)
-        def accumulate(a: int, slot: int, kt: Lin) -> tuple[Node, ...]:
+        def accumulate(a: int, slot: int, first: bool) -> tuple[Node, ...]:
+            """V2: acc = acc * alpha + O~ (the rescale is its own instruction); a group's first tile just keeps O~."""
             body: list[Node] = []
             for j in range(nch):
                 st = Ref(f"ub.st{slot}", (j * p.vr, 0), (p.vr, 3))
+                o_ws = Ref(f"ws.o{slot}", (rows_of(a, j), 0), (p.vr, dv))
+                o_wait, o_set = (f"o.full{a}",) if j == 0 else (), (f"o.free{a}",) if j == nch - 1 else ()
+                if first:
+                    body += [ins("mte2", "load_o", Act("load", acc_ub, (o_ws,), "fp32"), bytes=4.0 * p.vr * dv,
+                                 dtype="fp32", src="gm", dst="ub", hit=1.0, wait=(f"ab.free{a}",) + o_wait,
+                                 set=(f"ab.done{a}",) + o_set), store_acc(a, j)]
+                    continue
                 body += [
                     ins("mte2", "load_acc", Act("load", acc_ub, (acc_ws(a, j),), "fp32"), bytes=4.0 * p.vr * dv,
-                        dtype="fp32", src="gm", dst="ub", hit=1.0,
-                        wait=(f"ab.free{a}",) + ((f"o.full{a}",) if j == 0 else ())),
-                    ins("mte2", "load_o", Act("load", o_ub, (Ref(f"ws.o{slot}", (rows_of(a, j), 0), (p.vr, dv)),),
-                                              "fp32"),
-                        bytes=4.0 * p.vr * dv, dtype="fp32", src="gm", dst="ub", hit=1.0,
-                        set=(f"ab.full{a}",) + ((f"o.free{a}",) if j == nch - 1 else ())),
+                        dtype="fp32", src="gm", dst="ub", hit=1.0, wait=(f"ab.free{a}",) + o_wait),
+                    ins("mte2", "load_o", Act("load", o_ub, (o_ws,), "fp32"), bytes=4.0 * p.vr * dv, dtype="fp32",
+                        src="gm", dst="ub", hit=1.0, set=(f"ab.full{a}",) + o_set),
                     ins("vector", "rescale", Act("rescale", acc_ub, (acc_ub, st), "fp32"), flops=1.0 * p.vr * dv,
                         bytes=4.0 * p.vr * dv, dtype="fp32", src="ub", dst="ub", wait=(f"ab.full{a}",)),
                     ins("vector", "accumulate", Act("add", acc_ub, (acc_ub, o_ub), "fp32"), flops=1.0 * p.vr * dv,
@@ -447,21 +449,12 @@ class Attention(Kernel):
             return tuple(body)
 
         @lru_cache(maxsize=None)
-        def init(a: int) -> tuple[Node, ...]:
-            body: list[Node] = [ins("vector", "softmax_init", Act("softmax_init", Ref("ub.st1", (0, 0), (ra, 3))),
-                                    bytes=12.0 * ra, dtype="fp32", src="ub", dst="ub")]
-            for j in range(nch):
-                body += [ins("vector", "zero", Act("zero", acc_ub), bytes=4.0 * p.vr * dv, dtype="fp32", dst="ub",
-                             wait=(f"ab.free{a}",), set=(f"ab.done{a}",)), store_acc(a, j)]
-            return tuple(body)
-
-        @lru_cache(maxsize=None)
         def finalize(a: int, slot: int) -> tuple[Node, ...]:
             body: list[Node] = []
             for j in range(nch):
                 st = Ref(f"ub.st{slot}", (j * p.vr, 0), (p.vr, 3))
                 sink = (Ref("sink", (0, lin(("hk", p.hb), base=rows_of(a, j))), (1, p.vr)),) if self.with_sink else ()
-                out = Ref("out", (lin(("grow", 1), base=rows_of(a, j)), 0), (p.vr, dv), ostop)
+                out = Ref("out", (lin(("grow0", 1), base=rows_of(a, j)), 0), (p.vr, dv), ostop)
                 body += [ins("mte2", "load_acc", Act("load", acc_ub, (acc_ws(a, j),), "fp32"), bytes=4.0 * p.vr * dv,
                              dtype="fp32", src="gm", dst="ub", hit=1.0, wait=(f"ab.free{a}",), set=(f"ab.full{a}",)),
                          ins("vector", "finalize", Act("finalize", Ref("ub.out", (0, 0), (p.vr, dv)),
@@ -483,7 +476,7 @@ class Attention(Kernel):
             body: list[Node] = []
             for j in range(nch):
                 st = Ref(f"ub.st{slot}", (j * p.vr, 0), (p.vr, 3))
-                row = lin(("grow", 1), base=rows_of(a, j))
+                row = lin(("grow0", 1), base=rows_of(a, j))
                 o_ub, lse_ub = Ref("ub.out", (0, 0), (p.vr, dv)), Ref("ub.lse", (0, 0), (p.vr, 1))
                 body += [ins("mte2", "load_acc", Act("load", acc_ub, (acc_ws(a, j),), "fp32"), bytes=4.0 * p.vr * dv,
                              dtype="fp32", src="gm", dst="ub", hit=1.0, wait=(f"ab.free{a}",), set=(f"ab.full{a}",)),
@@ -537,49 +530,106 @@ class Attention(Kernel):
                             set=(f"co.free{a}",)))
             return tuple(body)
 
-        # ---------------------------------------------------------------- one row group with n key tiles
-        def paired(count: int, make, var: str, tail: str) -> tuple[Node, ...]:
-            """`count` preload iterations unrolled by two (static slots); an odd last one indexed by band var `tail`."""
+        # ---------------------------------------------------------------- a block's stream of (group, key tile)
+        # The tiles of all groups of a block form one stream u = gi * n + k, and the preload runs along it across
+        # group boundaries: the AIC issues C1 one tile ahead of C2 (the next group's Q is loaded into the Q/P slots
+        # once this group's last C1 is done, models.md §3.5), the AIVs gather two tiles ahead and run V1 one tile
+        # ahead of V2, so the cube does not drain at every token. Buffer slots alternate along the stream.
+        K0 = ("k0", 1)  # key tiles are numbered from the first tile of the block's key range
+        G = p.groups
+        gat = gather if g else (lambda a, slot, kt, o: ())
+        end = partial if p.splits > 1 else finalize
+
+        def at(k: int, n: int) -> Lin:
+            """Key tile k of n; tiles near the end relative to the band's 'klast' so bands share instructions."""
+            return lin(K0, base=k) if k < 3 else lin(("klast", 1), K0, base=k - n + 1)
+
+        def bind(gi: Lin) -> Node:
+            """Rows, token, query position and index row of the group and of the two after it."""
+            b: dict[str, Lin] = {"gi": gi}
+            for o in range(3):
+                b |= {f"gtok{o}": lin(("t0", 1), ("gi", 1), base=o), f"grow{o}": lin(("row0", 1), ("gi", p.hb),
+                                                                                    base=o * p.hb),
+                      f"qpos{o}": lin((f"gtok{o}", 1), base=S - T), f"irow{o}": lin(("bk", T), (f"gtok{o}", 1))}
+            return addr(**b)
+
+        def stretch(count: int, j0: int, n: int, make, var: str) -> tuple[Node, ...]:
+            """Iterations j0 .. j0+count-1 of a uniform run, unrolled by two so slots stay static; make(j, tile)
+            gets the static j (its parity) and tile(d), the Lin of key tile j + d."""
             out: tuple[Node, ...] = ()
             if count <= 0:
                 return out
             if count // 2:
-                out += (Loop(count // 2, make(0, lin((var, 2), K0)) + make(1, lin((var, 2), K0, base=1)), var),)
+                out += (Loop(count // 2, make(j0, lambda d: lin((var, 2), K0, base=j0 + d))
+                             + make(j0 + 1, lambda d: lin((var, 2), K0, base=j0 + 1 + d)), var),)
             if count % 2:
-                out += make(0, lin((tail, 1), K0))
+                j = j0 + count - 1
+                out += make(j, lambda d: at(j + d, n))
             return out
 
-        K0 = ("k0", 1)  # key tiles are numbered from the first tile of the block's key range
-        kfirst, last = lin(K0), lin(("klast", 1), K0)
-
-        def aic_group(n: int) -> tuple[Node, ...]:
-            q = Ref("q", (lin(("grow", 1)), 0), (R, dq), rstop)
-            body = (ins("mte2", "load_q", Act("load", Ref("l1.q", (0, 0), (R, dq)), (q,), dt), bytes=nbytes(dt, R, dq),
+        def load_q(o: int) -> tuple[Node, ...]:
+            q = Ref("q", (lin((f"grow{o}", 1)), 0), (R, dq), rstop)
+            return (ins("mte2", "load_q", Act("load", Ref("l1.q", (0, 0), (R, dq)), (q,), dt), bytes=nbytes(dt, R, dq),
                         dtype=dt, src="gm", dst="l1", wait=("q.free",), set=("q.full",)),
-                    ins("mte1", "wait_q", wait=("q.full",))) + c1(0, kfirst)
-            body += paired(n - 1, lambda s, i: c1(1 - s, shift(i, 1)) + c2(s, i), "kp", "ktail1")
-            return body + (ins("mte1", "release_q", set=("q.free",)),) + c2((n - 1) % 2, last)
+                    ins("mte1", "wait_q", wait=("q.full",)))
 
-        def aiv_group(a: int, n: int) -> tuple[Node, ...]:
-            gat = (lambda s, i: gather(a, s, i)) if g else (lambda s, i: ())
-            body = init(a) + gat(0, kfirst)
+        def aic_group(n: int, gp: int, ahead: int) -> tuple[Node, ...]:
+            """C2 of the group's tiles with C1 one tile ahead, into the next group when there is one (ahead > 0)."""
+            sl = lambda j: (gp * n + j) % 2  # noqa: E731
+            body = stretch(n - 2, 0, n, lambda j, t: c1(sl(j + 1), t(1)) + c2(sl(j), t(0)), "kp")
             if n >= 2:
-                body += gat(1, shift(kfirst, 1)) + softmax(a, 0, kfirst)
-            body += paired(n - 2, lambda s, i: gat(s, shift(i, 2)) + softmax(a, 1 - s, shift(i, 1))
-                           + accumulate(a, s, i), "kp", "ktail2")
-            body += softmax(a, (n - 1) % 2, last)
+                body += c1(sl(n - 1), at(n - 1, n))
+            body += (ins("mte1", "release_q", set=("q.free",)),)
             if n >= 2:
-                body += accumulate(a, n % 2, shift(last, -1))
-            end = partial if p.splits > 1 else finalize
-            return body + accumulate(a, (n - 1) % 2, last) + end(a, (n - 1) % 2)
+                body += c2(sl(n - 2), at(n - 2, n))
+            if ahead:
+                body += load_q(1) + c1(sl(n), at(0, n))
+            return body + c2(sl(n - 1), at(n - 1, n))
 
-        def grouped(body: tuple[Node, ...]) -> tuple[Node, ...]:
-            """Bind the group's rows and token, looping over the block's tokens when each has its own key set."""
-            head = addr(grow=lin(("row0", 1), ("gi", p.hb)), gtok=lin(("t0", 1), ("gi", 1)),
-                        qpos=lin(("gtok", 1), base=S - T), irow=lin(("bk", T), ("gtok", 1)))
-            if p.groups == 1:
-                return (addr(gi=Lin(0)), head) + body
-            return (Loop(p.groups, (head,) + body, "gi"),)
+        def aiv_group(a: int, n: int, gp: int, ahead: int) -> tuple[Node, ...]:
+            """V2 of the group's tiles, V1 one tile and the gathers two tiles ahead (into the next `ahead` groups)."""
+            sl = lambda j: (gp * n + j) % 2  # noqa: E731
+
+            def step(j: int) -> tuple[Node, ...]:
+                out: tuple[Node, ...] = ()
+                o, k = divmod(j + 2, n)
+                if o <= ahead:
+                    out += gat(a, sl(j + 2), at(k, n), o)
+                o, k = divmod(j + 1, n)
+                if o <= ahead:
+                    out += softmax(a, sl(j + 1), at(k, n), o, k == 0)
+                out += accumulate(a, sl(j), j == 0)
+                return out + (end(a, sl(j)) if j == n - 1 else ())
+
+            body = step(0) + stretch(n - 3, 1, n, lambda j, t: gat(a, sl(j + 2), t(2), 0)
+                                     + softmax(a, sl(j + 1), t(1), 0, False) + accumulate(a, sl(j), False), "kp")
+            for j in range(max(1, n - 2), n):
+                body += step(j)
+            return body
+
+        def stream(n: int, prologue: tuple[Node, ...], group) -> tuple[Node, ...]:
+            """The prologue, the groups in a loop (two per iteration when n is odd, so slots repeat), the last two
+            peeled (nothing runs ahead past the block's last group)."""
+            out = (bind(Lin(0)),) + prologue
+            unroll = 1 + n % 2
+            looped = max(0, G - 2) // unroll * unroll
+            if looped:
+                body: tuple[Node, ...] = ()
+                for e in range(unroll):
+                    body += (bind(lin(("gl", unroll), base=e)),) + group(n, e, 2)
+                out += (Loop(looped // unroll, body, "gl"),)
+            for gi in range(looped, G):
+                out += (bind(Lin(gi)),) + group(n, gi, min(2, G - 1 - gi))
+            return out
+
+        def aic_block(n: int) -> tuple[Node, ...]:
+            return stream(n, load_q(0) + c1(0, at(0, n)), aic_group)
+
+        def aiv_block(a: int, n: int) -> tuple[Node, ...]:
+            o, k = divmod(1, n)
+            second = gat(a, 1, at(k, n), o) if o < G else ()
+            return stream(n, gat(a, 0, at(0, n), 0) + second + softmax(a, 0, at(0, n), 0, True),
+                          lambda n_, gp, ahead: aiv_group(a, n_, gp, ahead))
 
         # ---------------------------------------------------------------- bands of blocks with equal tile counts
         tiles = self.tiles(p)
@@ -599,9 +649,8 @@ class Attention(Kernel):
                             tq=lin(("bq", 1), div=p.hsplit, mod=ntb), bk=lin(("bq", 1), div=p.hsplit * ntb),
                             t0=lin(("first", p.tpb), ("tq", p.tpb)), row0=lin(("bk", T * hg), ("t0", hg), ("hk", p.hb)),
                             kvrow=lin(("bk", S)))
-                bind = (("first", tb0), ("klast", k - 1), ("ktail1", k - 2), ("ktail2", k - 3), ("s0", s0))
-                bands.append(Band(B * KVH * p.hsplit * ntb * ns, (head,) + grouped(aic_group(k)),
-                                  tuple((head,) + grouped(aiv_group(a, k)) for a in range(2)), bind))
+                bands.append(Band(B * KVH * p.hsplit * ntb * ns, (head,) + aic_block(k),
+                                  tuple((head,) + aiv_block(a, k) for a in range(2)), (("first", tb0), ("s0", s0), ("klast", k - 1))))
         ranges = cdiv(int(tiles[0]), cdiv(int(tiles[0]), p.splits)) if p.splits > 1 else 1
         ub_combine = cr = 0
         if ranges > 1:
