@@ -52,6 +52,8 @@ def evaluate(point: Point, params: CostParams = CostParams()) -> dict:
     except NpusimError as exc:
         row["error"] = str(exc)
         return row
+    except Exception as exc:  # a simulator bug, not a refusal: name the point that found it
+        raise RuntimeError(f"predict failed on sweep point {point.params()}: {exc!r}") from exc
     row.update(p.summary())
     row.update(cost(p, params).as_dict())
     row["chips"] = p.prefill_chips + p.decode_chips
