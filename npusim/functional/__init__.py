@@ -162,3 +162,7 @@ def v4_attention(q: np.ndarray, kv: np.ndarray, sink: np.ndarray, scale: float, 
                      "indices": np.concatenate(idx, 1), "sink": np.asarray(sink, np.float64)[None],
                      "out": np.zeros((T * H, D))}, chip)["out"]
     return out.reshape(T, H, D)
+
+
+from npusim.functional.layer_ops import (compressor, dequantise, embedding, mhc_post, mhc_pre, moe_combine,  # noqa: E402
+                                         moe_gate, quantise, rope, sinkhorn, swiglu)

@@ -18,6 +18,7 @@ import numpy as np
 
 from npusim.errors import NpusimError
 from npusim.functional.numerics import rnd
+from npusim.functional import vector_ops  # noqa: F401  (registers the vector-tile kernels' actions)
 from npusim.functional.ops import OPS
 from npusim.kernels.tile import Act, Ref, value
 from npusim.kernels.trace import Instr, Trace, unroll

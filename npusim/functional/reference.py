@@ -105,3 +105,101 @@ def v4_attention(q, kv, sink, scale: float, window: int, ratio: int = 0, ckv=Non
         keep.append(done)
     rows, keep = np.concatenate(rows, 1), np.concatenate(keep, 1)
     return attention(q, rows[:, None], rows[:, None], keep[:, None], scale, sink)
+
+
+# ------------------------------------------------------------------ mHC, RoPE, quantisation, SwiGLU, MoE, Compressor
+def sinkhorn(logits, iters: int = 20, eps: float = 1e-6):
+    """models.md §2.5: A = softmax_k(logits) + eps; A /= colsum + eps; iters - 1 times: rows, then columns."""
+    z = np.asarray(logits, np.float64)
+    a = np.exp(z - z.max(-1, keepdims=True))
+    a = a / a.sum(-1, keepdims=True) + eps
+    a = a / (a.sum(-2, keepdims=True) + eps)
+    for _ in range(iters - 1):
+        a = a / (a.sum(-1, keepdims=True) + eps)
+        a = a / (a.sum(-2, keepdims=True) + eps)
+    return a
+
+
+def mhc_pre(x, fn, scale, base, iters: int = 20, eps: float = 1e-6):
+    """models.md §2.5: x [T, n, d], fn [mix, n*d] -> (y = sum_j pre_j X_j [T, d], post [T, n], res [T, n, n])."""
+    x = np.asarray(x, np.float64)
+    T, n, d = x.shape
+    v = x.reshape(T, n * d)
+    m = (v @ np.asarray(fn, np.float64).T) / np.sqrt((v * v).mean(-1, keepdims=True) + eps)
+    a0, a1, a2 = scale
+    sig = lambda z: 1.0 / (1.0 + np.exp(-z))  # noqa: E731
+    pre = sig(m[:, :n] * a0 + base[:n]) + eps
+    post, res = np.zeros((T, n)), np.zeros((T, n, n))
+    if fn.shape[0] > n:
+        post = 2.0 * sig(m[:, n:2 * n] * a1 + base[n:2 * n])
+        res = sinkhorn((m[:, 2 * n:] * a2 + base[2 * n:]).reshape(T, n, n), iters, eps)
+    return np.einsum("tj,tjd->td", pre, x), post, res
+
+
+def mhc_post(x, f, post, res):
+    """X'_k = post_k F + sum_j res[j, k] X_j: x [T, n, d], f [T, d], post [T, n], res [T, n, n]."""
+    return post[:, :, None] * np.asarray(f, np.float64)[:, None] + np.einsum("tjk,tjd->tkd", res, x)
+
+
+def rope(x, positions, theta: float = 10000.0, interleaved: bool = True):
+    x = np.asarray(x, np.float64)
+    D = x.shape[-1]
+    ang = np.asarray(positions, float)[:, None, None] * theta ** (-np.arange(0, D, 2) / D)
+    c, s = np.cos(ang), np.sin(ang)
+    if interleaved:
+        a, b = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2], out[..., 1::2] = a * c - b * s, a * s + b * c
+        return out
+    a, b = x[..., :D // 2], x[..., D // 2:]
+    return np.concatenate([a * c - b * s, a * s + b * c], -1)
+
+
+def swiglu(x, clamp: float = 0.0):
+    x = np.asarray(x, np.float64)
+    g, u = np.split(x, 2, -1)
+    if clamp:
+        g, u = np.minimum(g, clamp), np.clip(u, -clamp, clamp)
+    return g / (1.0 + np.exp(-g)) * u
+
+
+def moe_combine(y, index, weights, shared):
+    return np.einsum("tk,tkd->td", weights, np.asarray(y, np.float64)[index]) + shared
+
+
+def moe_gate(x, w, bias, topk: int, groups: int = 1, limit: int = 0, score: str = "sigmoid",
+             route_scale: float = 1.0, hash_idx=None):
+    """models.md §1.2.1 / §2.6: (weights [T, k], indices [T, k]); indices sorted by biased score (ties: lower)."""
+    from npusim.functional.vector_ops import gate_scores, route
+
+    s = gate_scores(np.asarray(x, np.float64) @ np.asarray(w, np.float64), score)
+    idx = route(s, np.asarray(bias, np.float64), topk, groups, limit or max(1, groups // 2), hash_idx)
+    wts = np.take_along_axis(s, idx, -1)
+    return wts / wts.sum(-1, keepdims=True) * route_scale, idx
+
+
+def compressor(x, w, ape, norm, ratio: int, overlap: int, cos, sin, eps: float = 1e-6):
+    """models.md §2.3 for positions 0 .. T-1: [C | Z] = x @ w; entry i pools (overlap 2) the a-half of block i-1
+    and the b-half of block i (block -1: C = 0, Z = -inf), softmax(Z + ape) weights C per channel; RMSNorm with
+    `norm`; RoPE (interleaved) of the last 2 * cos.shape[1] dims at the entry's angles cos / sin [E, rope/2]."""
+    cz = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+    T = cz.shape[0]
+    d = cz.shape[1] // (2 * overlap)
+    E = T // ratio
+    C, Z = cz[:, :overlap * d], cz[:, overlap * d:] + np.tile(ape, (T // ratio + 1, 1))[:T]
+    out = np.zeros((E, d))
+    for i in range(E):
+        blk = slice(i * ratio, (i + 1) * ratio)
+        if overlap == 2:
+            prev = slice((i - 1) * ratio, i * ratio)
+            cp, zp = (C[prev, :d], Z[prev, :d]) if i else (np.zeros((ratio, d)), np.full((ratio, d), -np.inf))
+            c, z = np.concatenate([cp, C[blk, d:]]), np.concatenate([zp, Z[blk, d:]])
+        else:
+            c, z = C[blk], Z[blk]
+        p = np.exp(z - z.max(0))
+        out[i] = (p / p.sum(0) * c).sum(0)
+    y = out / np.sqrt((out * out).mean(-1, keepdims=True) + eps) * norm
+    r = 2 * cos.shape[1]
+    a, b = y[:, -r:][:, 0::2].copy(), y[:, -r:][:, 1::2].copy()
+    y[:, -r:][:, 0::2], y[:, -r:][:, 1::2] = a * cos - b * sin, a * sin + b * cos
+    return y

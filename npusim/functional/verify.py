@@ -112,3 +112,91 @@ VERIFY: dict[str, Callable[[dict, np.random.Generator], list[Error]]] = {
     "flash_attention": verify_flash_attention,
     "v4_attention": verify_v4_attention,
 }
+
+
+# ------------------------------------------------------------------ the ops around attention and the experts
+def verify_mhc_pre(shape: dict, rng: np.random.Generator) -> list[Error]:
+    t, n, d = shape.get("tokens", 5), shape.get("streams", 4), shape.get("hidden", 512)
+    mix, iters = shape.get("mix", (2 + n) * n), shape.get("sinkhorn_iters", 20)
+    x, fn = rng.standard_normal((t, n, d)), 0.05 * rng.standard_normal((mix, n * d))
+    scale, base = rng.uniform(0.5, 1.5, 3), 0.3 * rng.standard_normal(mix)
+    got = F.mhc_pre(x, fn, scale, base, iters)
+    ref = R.mhc_pre(rnd(x, "bf16"), rnd(fn, "fp32"), scale, base, iters)
+    return [_err(name, g, r) for name, g, r in zip(("y bf16", "post fp32", "res fp32"), got, ref)]
+
+
+def verify_mhc_post(shape: dict, rng: np.random.Generator) -> list[Error]:
+    t, n, d = shape.get("tokens", 6), shape.get("streams", 4), shape.get("hidden", 1024)
+    x, f = rng.standard_normal((t, n, d)), rng.standard_normal((t, d))
+    post, res = rng.random((t, n)), R.sinkhorn(rng.standard_normal((t, n, n)))
+    return [_err("bf16", F.mhc_post(x, f, post, res), R.mhc_post(rnd(x, "bf16"), rnd(f, "bf16"), post, res))]
+
+
+def verify_moe_gate(shape: dict, rng: np.random.Generator) -> list[Error]:
+    m, k, n, topk = (shape.get(x, v) for x, v in (("m", 9), ("k", 512), ("n", 64), ("topk", 8)))
+    x, w, bias = rng.standard_normal((m, k)), 0.1 * rng.standard_normal((k, n)), 0.1 * rng.standard_normal(n)
+    out = []
+    for score, groups in (("sigmoid", shape.get("groups", 8)), ("sqrtsoftplus", 1)):
+        wt, idx = F.moe_gate(x, w, bias, topk, groups, score=score, route_scale=2.5)
+        rw, ri = R.moe_gate(rnd(x, "bf16"), rnd(w, "bf16"), bias, topk, groups, score=score, route_scale=2.5)
+        out.append(_err(f"{score} bf16", wt, rw, bool((idx == ri).all())))
+    return out
+
+
+def verify_compressor(shape: dict, rng: np.random.Generator) -> list[Error]:
+    k, d = shape.get("k", 256), shape.get("d", 128)
+    out = []
+    for ratio, m in ((4, shape.get("m", 70)), (128, 2 * 128)):
+        ov = 2 if ratio == 4 else 1
+        x, w = rng.standard_normal((m, k)), 0.1 * rng.standard_normal((k, 2 * ov * d))
+        ape, norm = 0.1 * rng.standard_normal((ratio, ov * d)), 1 + 0.1 * rng.standard_normal(d)
+        ang = rng.uniform(0, 3, (m // ratio, 32))
+        got = F.compressor(x, w, ape, norm, ratio, np.cos(ang), np.sin(ang))
+        ref = R.compressor(rnd(x, "bf16"), rnd(w, "bf16"), rnd(ape, "fp32"), norm, ratio, ov, np.cos(ang),
+                           np.sin(ang))
+        out.append(_err(f"ratio {ratio} bf16", got, ref))
+    return out
+
+
+def verify_rope(shape: dict, rng: np.random.Generator) -> list[Error]:
+    t, h, d = shape.get("tokens", 7), shape.get("heads", 4), shape.get("dim", 64)
+    x, pos = rng.standard_normal((t, h, d)), rng.integers(0, 100000, t)
+    return [_err(f"{'interleaved' if il else 'half'} bf16", F.rope(x, pos, interleaved=il),
+                 R.rope(rnd(x, "bf16"), pos, interleaved=il)) for il in (True, False)]
+
+
+def verify_quantise(shape: dict, rng: np.random.Generator) -> list[Error]:
+    """Round trip x -> (q, scales) -> x against the bf16 input: the format's own error."""
+    rows, n = shape.get("rows", 9), shape.get("elements", 512)
+    x = rng.standard_normal((rows, n))
+    out = []
+    for dt in ("int8", "fp8", "mxfp8", "mxfp4"):
+        q, s = F.quantise(x, dt)
+        out.append(_err(dt, F.dequantise(q, s, dt), rnd(x, "bf16")))
+    return out
+
+
+def verify_swiglu(shape: dict, rng: np.random.Generator) -> list[Error]:
+    rows, w = shape.get("rows", 33), shape.get("width", 640)
+    x = 4 * rng.standard_normal((rows, 2 * w))
+    return [_err(f"clamp {c} bf16", F.swiglu(x, c), R.swiglu(rnd(x, "bf16"), c)) for c in (0, 10)]
+
+
+def verify_moe_combine(shape: dict, rng: np.random.Generator) -> list[Error]:
+    t, k, d = shape.get("tokens", 6), shape.get("topk", 8), shape.get("hidden", 1024)
+    y, idx = rng.standard_normal((t * k, d)), rng.permutation(t * k).reshape(t, k)
+    w, sh = rng.random((t, k)), rng.standard_normal((t, d))
+    return [_err("bf16", F.moe_combine(y, idx, w, sh), R.moe_combine(rnd(y, "bf16"), idx, w, rnd(sh, "bf16")))]
+
+
+def verify_embedding(shape: dict, rng: np.random.Generator) -> list[Error]:
+    t, d, n = shape.get("tokens", 7), shape.get("hidden", 512), shape.get("streams", 4)
+    table, ids = rng.standard_normal((100, d)), rng.integers(0, 100, t)
+    ref = np.repeat(rnd(table, "bf16")[ids][:, None], n, 1)
+    return [_err("bf16", F.embedding(ids, table, n), ref)]
+
+
+VERIFY |= {"mhc_pre": verify_mhc_pre, "mhc_post": verify_mhc_post, "moe_gate": verify_moe_gate,
+           "compressor": verify_compressor, "rope": verify_rope, "quantise": verify_quantise,
+           "dequantise": verify_quantise, "swiglu": verify_swiglu, "moe_combine": verify_moe_combine,
+           "embedding": verify_embedding}

@@ -1,0 +1,129 @@
+"""The ops around attention and the experts, executed by their kernels' tile traces (re-exported by
+`npusim.functional`): mHC pre/post and Sinkhorn, MoE gate and combine, the KV Compressor, RoPE, quantise /
+dequantise, SwiGLU, embedding. Shapes follow models.md §1-2; T tokens, n residual streams, d hidden."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from npusim.functional.numerics import rnd
+from npusim.kernels import projection, vector
+from npusim.spec.chip import Chip
+
+
+def _run(kernel, tensors, chip):
+    from npusim.functional import run
+
+    return run(kernel, tensors, chip)
+
+
+def sinkhorn(logits: np.ndarray, iters: int = 20, eps: float = 1e-6) -> np.ndarray:
+    """Sinkhorn-Knopp of mHC's H_res (models.md §2.5): softmax over the last axis + eps, divide by column sums
+    + eps, then iters - 1 times rows then columns; logits [..., n, n] -> a near doubly stochastic matrix."""
+    from npusim.functional.reference import sinkhorn as ref
+
+    return ref(logits, iters, eps)
+
+
+def mhc_pre(x: np.ndarray, fn: np.ndarray, scale: np.ndarray, base: np.ndarray, iters: int = 20,
+            eps: float = 1e-6, chip: str | Chip = "910b2"):
+    """x [T, n, d] residual streams, fn [(2+n)n, n*d], scale [3] (a0, a1, a2), base [(2+n)n] ->
+    (y [T, d] = sum_j pre_j X_j, post [T, n], res [T, n, n]) by the HcPre trace (GEMV on the cube in fp32, the
+    mixes and Sinkhorn on the vector cores)."""
+    T, n, d = x.shape
+    mix = fn.shape[0]
+    kern = projection.MhcPre(T, n, d, mix, iters)
+    t = {"x": rnd(x.reshape(T, n * d), "bf16"), "w": rnd(fn.T, "fp32"),
+         "hc": np.concatenate([np.asarray(scale, float), np.asarray(base, float)])[None],
+         "y": np.zeros((T, d)), "post": np.zeros((T, n)), "res": np.zeros((T, n * n))}
+    out = _run(kern, t, chip)
+    return out["y"], out["post"], out["res"].reshape(T, n, n)
+
+
+def mhc_post(x: np.ndarray, f: np.ndarray, post: np.ndarray, res: np.ndarray,
+             chip: str | Chip = "910b2") -> np.ndarray:
+    """x [T, n, d], f [T, d] (the sublayer output), post [T, n], res [T, n, n] -> X' [T, n, d] (bf16 values)."""
+    T, n, d = x.shape
+    t = {"x": rnd(x.reshape(T * n, d), "bf16"), "f": rnd(f, "bf16"), "post": rnd(post, "fp32"),
+         "res": rnd(res.reshape(T, n * n), "fp32"), "out": np.zeros((T * n, d))}
+    return _run(vector.MhcPost(T, n, d), t, chip)["out"].reshape(T, n, d)
+
+
+def rope(x: np.ndarray, positions: np.ndarray, theta: float = 10000.0, interleaved: bool = True,
+         chip: str | Chip = "910b2") -> np.ndarray:
+    """x [T, H, D] rotated by position: pairs (2i, 2i+1) when interleaved (MLA) else (i, i + D/2) (V3.2 indexer)."""
+    T, H, D = x.shape
+    ang = np.asarray(positions, float)[:, None] * theta ** (-np.arange(0, D, 2) / D)[None]
+    t = {"x": rnd(x.reshape(T * H, D), "bf16"), "cos": rnd(np.cos(ang), "fp32"), "sin": rnd(np.sin(ang), "fp32"),
+         "out": np.zeros((T * H, D))}
+    kern = vector.Rope(T, H, D, "interleaved" if interleaved else "half")
+    return _run(kern, t, chip)["out"].reshape(T, H, D)
+
+
+def quantise(x: np.ndarray, dtype: str = "int8", block: int = -1, chip: str | Chip = "910b2"):
+    """x [rows, n] -> (q, scales [rows, n/block]) in int8 / fp8 / mxfp8 / mxfp4 (block -1: the format's default)."""
+    kern = vector.Quantise(x.shape[0], x.shape[1], dtype, block)
+    t = {"x": rnd(x, "bf16"), "q": np.zeros(x.shape), "s": np.zeros((x.shape[0], kern.blocks()))}
+    out = _run(kern, t, chip)
+    return out["q"], out["s"]
+
+
+def dequantise(q: np.ndarray, s: np.ndarray, dtype: str = "int8", block: int = -1,
+               chip: str | Chip = "910b2") -> np.ndarray:
+    kern = vector.Dequantise(q.shape[0], q.shape[1], dtype, block)
+    return _run(kern, {"q": q, "s": s, "x": np.zeros(q.shape)}, chip)["x"]
+
+
+def swiglu(x: np.ndarray, clamp: float = 0.0, chip: str | Chip = "910b2") -> np.ndarray:
+    """x [rows, 2w] = [gate | up] -> silu(gate) * up, with V4's clamp when clamp > 0."""
+    rows, w2 = x.shape
+    kern = vector.Swiglu(rows, w2 // 2, int(clamp))
+    return _run(kern, {"x": rnd(x, "bf16"), "out": np.zeros((rows, w2 // 2))}, chip)["out"]
+
+
+def moe_combine(y: np.ndarray, index: np.ndarray, weights: np.ndarray, shared: np.ndarray,
+                chip: str | Chip = "910b2") -> np.ndarray:
+    """y [rows, d] expert outputs, index [T, k] rows of y per token, weights [T, k], shared [T, d] -> [T, d]."""
+    T, k = index.shape
+    kern = vector.MoeCombine(T, k, y.shape[1])
+    t = {"y": rnd(y, "bf16"), "index": np.asarray(index).reshape(1, T * k), "w": rnd(weights, "fp32"),
+         "shared": rnd(shared, "bf16"), "out": np.zeros((T, y.shape[1]))}
+    return _run(kern, t, chip)["out"]
+
+
+def embedding(ids: np.ndarray, table: np.ndarray, streams: int = 1, chip: str | Chip = "910b2") -> np.ndarray:
+    """table rows of ids [T], repeated for `streams` residual streams -> [T, streams, d]."""
+    T, d = len(ids), table.shape[1]
+    kern = vector.Embedding(T, d, streams)
+    t = {"ids": np.asarray(ids)[None], "table": rnd(table, "bf16"), "out": np.zeros((T * streams, d))}
+    return _run(kern, t, chip)["out"].reshape(T, streams, d)
+
+
+def moe_gate(x: np.ndarray, w: np.ndarray, bias: np.ndarray, topk: int, groups: int = 1, limit: int = 0,
+             score: str = "sigmoid", route_scale: float = 1.0, hash_idx: np.ndarray | None = None,
+             chip: str | Chip = "910b2", **tiles: int):
+    """x [T, k] @ w [k, E] -> (weights [T, topk], indices [T, topk]): sigmoid (V3) or sqrt-softplus (V4) scores,
+    top-k of scores + bias within the best `limit` of `groups` groups, or the hash table's experts (hash_idx)."""
+    T, k = x.shape
+    E = w.shape[1]
+    kern = projection.MoeGate(T, k, E, topk, int(hash_idx is not None), groups, score, limit, route_scale, **tiles)
+    t = {"x": rnd(x, "bf16"), "w": rnd(w, "bf16"), "bias": np.asarray(bias, float)[None],
+         "weights": np.zeros((T, topk)), "indices": np.zeros((T, topk))}
+    if hash_idx is not None:
+        t["hash_idx"] = np.asarray(hash_idx)
+    out = _run(kern, t, chip)
+    return out["weights"], out["indices"].astype(np.int64)
+
+
+def compressor(x: np.ndarray, w: np.ndarray, ape: np.ndarray, norm: np.ndarray, ratio: int, cos: np.ndarray,
+               sin: np.ndarray, chip: str | Chip = "910b2", **tiles: int) -> np.ndarray:
+    """KV Compressor (models.md §2.3) of positions 0 .. T-1: x [T, k], w [k, 2*overlap*d] (= [Wkv | Wgate]),
+    ape [ratio, overlap*d], norm [d], cos / sin [T//ratio, rope/2] -> entries [T//ratio, d] (bf16 values);
+    overlap 2 when ratio is 4 (CSA), else 1."""
+    T, k = x.shape
+    overlap = 2 if ratio == 4 else 1
+    kern = projection.Compressor(T, k, w.shape[1], ratio, overlap, 0, 2 * cos.shape[1], **tiles)
+    E = kern.count
+    t = {"x": rnd(x, "bf16"), "w": rnd(w, "bf16"), "ape": rnd(ape, "fp32"), "norm": rnd(norm, "fp32")[None],
+         "cossin": np.concatenate([cos, sin], 1), "out": np.zeros((E, kern.d))}
+    return _run(kern, t, chip)["out"]

@@ -1,0 +1,75 @@
+"""The ops around attention and the experts executed by their traces against float64 references."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from npusim import functional as F
+from npusim.functional import reference as R
+from npusim.functional import verify
+from npusim.functional.executor import execute
+from npusim.functional.numerics import rnd
+from npusim.kernels.projection import MhcPre
+from npusim.kernels.trace import Loop, Program
+from npusim.spec.chip import load_chip
+
+RNG = np.random.default_rng(7)
+
+
+@pytest.mark.parametrize("name", ["mhc_pre", "mhc_post", "moe_gate", "compressor", "rope", "swiglu", "moe_combine",
+                                  "embedding"])
+def test_traced_execution_matches_float64(name):
+    for e in verify.VERIFY[name]({}, RNG):
+        assert e.max_rel < 1e-2, e  # bf16 outputs; fp32 mixes far tighter
+        assert e.exact in (None, True)
+
+
+def test_quantisation_round_trip_is_the_formats_own_error():
+    errs = {e.scheme: e.max_rel for e in verify.verify_quantise({}, RNG)}
+    assert errs["int8"] < 0.01 and errs["fp8"] < 0.05 and errs["mxfp8"] < 0.05 and errs["mxfp4"] < 0.2
+
+
+@pytest.mark.parametrize("tiles", [{}, {"block_rows": 16, "k_split": 1}, {"block_rows": 16, "k_split": 3}])
+def test_mhc_pre_streaming_and_split_k_forms(tiles):
+    t, n, d = 37, 4, 256
+    x, fn = RNG.standard_normal((t, n, d)), 0.05 * RNG.standard_normal((24, n * d))
+    scale, base = np.array([0.8, 1.1, 0.9]), 0.3 * RNG.standard_normal(24)
+    kern = MhcPre(t, n, d, 24, 20, **tiles)
+    tensors = {"x": rnd(x.reshape(t, n * d), "bf16"), "w": fn.T, "hc": np.concatenate([scale, base])[None],
+               "y": np.zeros((t, d)), "post": np.zeros((t, n)), "res": np.zeros((t, n * n))}
+    out = execute(kern.trace(load_chip("910b2")), tensors)
+    y, post, res = R.mhc_pre(rnd(x, "bf16"), fn, scale, base)
+    assert np.abs(out["y"] - y).max() < 1e-2 * np.abs(y).max()
+    assert np.allclose(out["post"], post, atol=1e-6) and np.allclose(out["res"].reshape(t, n, n), res, atol=1e-6)
+
+
+def test_sinkhorn_is_doubly_stochastic_and_dropping_its_loop_is_caught():
+    a = F.sinkhorn(RNG.standard_normal((5, 4, 4)))  # 20 iterations: near doubly stochastic, columns exact
+    assert np.allclose(a.sum(-1), 1, atol=1e-2) and np.allclose(a.sum(-2), 1, atol=1e-5)
+    t, n, d = 4, 4, 128
+    x, fn = RNG.standard_normal((t, n, d)), 0.3 * RNG.standard_normal((24, n * d))
+    scale, base = np.array([1.0, 1.0, 3.0]), RNG.standard_normal(24)
+    tr = MhcPre(t, n, d).trace(load_chip("910b2"))
+
+    def drop(body):
+        return tuple(n_ for n_ in (dataclasses.replace(b, body=drop(b.body)) if isinstance(b, Loop) else b
+                                   for b in body) if not (isinstance(n_, Loop) and n_.count == 19))
+
+    broken = dataclasses.replace(tr, groups=tuple(dataclasses.replace(
+        g, aiv=tuple(Program("aiv", drop(p.body)) for p in g.aiv)) for g in tr.groups))
+    tensors = {"x": rnd(x.reshape(t, n * d), "bf16"), "w": fn.T, "hc": np.concatenate([scale, base])[None],
+               "y": np.zeros((t, d)), "post": np.zeros((t, n)), "res": np.zeros((t, n * n))}
+    ref = R.mhc_pre(rnd(x, "bf16"), fn, scale, base)[2]
+    assert np.allclose(execute(tr, dict(tensors))["res"].reshape(t, n, n), ref, atol=1e-6)
+    assert not np.allclose(execute(broken, dict(tensors))["res"].reshape(t, n, n), ref, atol=1e-3)
+
+
+def test_moe_gate_group_limit_and_hash_routing():
+    t, k, e = 6, 128, 64
+    x, w, bias = RNG.standard_normal((t, k)), 0.2 * RNG.standard_normal((k, e)), np.zeros(e)
+    _, idx = F.moe_gate(x, w, bias, 8, groups=8, limit=2)
+    assert all(len(set(row // 8)) <= 2 for row in idx)  # experts from at most 2 of the 8 groups
+    table = RNG.integers(0, e, (t, 6))
+    wts, hidx = F.moe_gate(x, w, bias, 6, score="sqrtsoftplus", hash_idx=table)
+    assert (hidx == table).all() and np.allclose(wts.sum(1), 1.0)

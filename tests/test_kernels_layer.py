@@ -1,0 +1,74 @@
+"""Tilings of the ops around attention and the experts: mHC pre/post, MoE gate, Compressor, RoPE, quantisation,
+SwiGLU, MoE combine, embedding — built from op-graph shape dicts, fitting the chip, never beating the roofline."""
+
+import pytest
+
+from npusim.engine import simulate
+from npusim.errors import NpusimError
+from npusim.kernels import catalog
+from npusim.spec.chip import load_chip
+
+OP_SHAPES = [  # the op graph's shape keys (npusim/graph/builder.py), prefill and decode sizes
+    ("compressor", {"m": 4096, "k": 4096, "n": 2048, "ratio": 4, "overlap": 2, "entries": 1024}),
+    ("compressor", {"m": 8, "k": 4096, "n": 1024, "ratio": 128, "overlap": 1, "entries": 1}),
+    ("mhc_pre", {"tokens": 4096, "streams": 4, "hidden": 4096, "mix": 24, "sinkhorn_iters": 20}),
+    ("mhc_pre", {"tokens": 8, "streams": 4, "hidden": 7168, "mix": 4, "sinkhorn_iters": 0}),
+    ("mhc_post", {"tokens": 8, "streams": 4, "hidden": 4096}),
+    ("moe_gate", {"m": 4096, "k": 7168, "n": 256, "topk": 8, "hash": 0, "groups": 8}),
+    ("moe_gate", {"m": 16, "k": 4096, "n": 256, "topk": 6, "hash": 1, "groups": 1}),
+    ("rope", {"tokens": 4096, "heads": 129, "dim": 64}),
+    ("quantise", {"rows": 4096, "elements": 576}),
+    ("dequantise", {"rows": 8, "elements": 7168, "dtype": "mxfp4"}),
+    ("swiglu", {"rows": 4096, "width": 2048, "clamp": 10}),
+    ("moe_combine", {"tokens": 16, "topk": 8, "hidden": 7168}),
+    ("embedding", {"tokens": 4096, "hidden": 4096, "streams": 4}),
+]
+
+
+@pytest.mark.parametrize("chip_name", ["910c-die", "950pr"])
+@pytest.mark.parametrize("name,shape", OP_SHAPES)
+def test_op_graph_shapes_build_fit_and_respect_the_roofline(chip_name, name, shape):
+    chip = load_chip(chip_name)
+    t = catalog.kernel(name, shape).trace(chip)
+    r = simulate(t, chip, launch="none")
+    assert r.time >= r.roofline > 0
+
+
+@pytest.fixture(scope="module")
+def chip():
+    return load_chip("910c-die")
+
+
+def test_mhc_pre_decode_splits_k_prefill_streams_blocks(chip):
+    decode = catalog.kernel("mhc_pre", {"tokens": 16}).trace(chip)
+    prefill = catalog.kernel("mhc_pre", {"tokens": 4096}).trace(chip)
+    assert decode.tiling["k_split"] > 1 and decode.cores["aic"] == chip.aic.count
+    assert prefill.tiling["k_split"] == 1
+    assert any(i.op == "sync_all" for _, i, _ in decode.instructions())
+    assert not any(i.op == "sync_all" for _, i, _ in prefill.instructions())
+
+
+def test_compressor_uses_the_a3_base_blocks_and_splits_d_at_decode(chip):
+    csa = catalog.kernel("compressor", {"m": 4096, "k": 4096, "n": 2048, "ratio": 4, "overlap": 2}).trace(chip)
+    hca = catalog.kernel("compressor", {"m": 4096, "k": 4096, "n": 1024, "ratio": 128, "overlap": 1}).trace(chip)
+    assert (csa.tiling["block_rows"], csa.tiling["base_n"]) == (128, 256)  # models.md §3.6
+    assert (hca.tiling["block_rows"], hca.tiling["base_n"]) == (256, 128)
+    dec = catalog.kernel("compressor", {"m": 8, "k": 4096, "n": 2048, "ratio": 4, "overlap": 2}).trace(chip)
+    assert dec.tiling["n_split"] > 1
+
+
+def test_vector_tiles_split_the_wide_axis_when_tokens_are_few(chip):
+    t = catalog.kernel("mhc_post", {"tokens": 8}).trace(chip)
+    assert t.tiling["tile_tokens"] == 1 and t.tiling["tiles"] >= chip.aiv.count
+    assert t.tiling["tile_cols"] * 2 % 512 == 0  # 512 B aligned column tiles (HcPost tiling)
+
+
+def test_bad_shapes_are_plain_errors(chip):
+    with pytest.raises(NpusimError, match="mix"):
+        catalog.kernel("mhc_pre", {"tokens": 4, "mix": 7}).trace(chip)
+    with pytest.raises(NpusimError, match="layout"):
+        catalog.kernel("rope", {"tokens": 4, "layout": "diagonal"}).trace(chip)
+    with pytest.raises(NpusimError, match="quantisation"):
+        catalog.kernel("quantise", {"rows": 4, "elements": 64, "dtype": "int3"}).trace(chip)
+    with pytest.raises(NpusimError, match="groups"):
+        catalog.kernel("moe_gate", {"m": 4, "k": 64, "n": 30, "groups": 8}).trace(chip)
