@@ -14,6 +14,7 @@ from engine_traces import gemm_like
 from npusim.engine import chrome_events, clear_memo, roofline, simulate, simulate_timeline
 from npusim.engine.sim import Simulation
 from npusim.errors import NpusimError
+from npusim.kernels import catalog
 from npusim.kernels.trace import Group, Instr, Loop, Program, Trace
 from npusim.spec.chip import load_chip
 
@@ -31,6 +32,47 @@ def test_compression_matches_full_simulation():
         assert fast.time == pytest.approx(full.time, rel=0.01)
         for a, b in zip(fast.runners, full.runners):
             assert a.busy == pytest.approx(b.busy, rel=0.01) and a.ops == b.ops
+
+
+@pytest.mark.parametrize("shape,opts", [({"tokens": 2048, "keys": 4096}, {"block_n": 256}),  # paired causal units
+                                        ({"tokens": 1, "keys": 131072, "batch": 2, "causal": 0}, {})])  # ranges + merge
+def test_compression_matches_full_simulation_of_the_indexer(shape, opts):
+    """Outer loops of identical units whose inner loops were jumped are found periodic too; exact all the same."""
+    trace = catalog.kernel("lightning_indexer", shape, **opts).trace(CHIP)
+    fast, full = Simulation(trace, CHIP).run(), Simulation(trace, CHIP, compress=False).run()
+    assert fast.extrapolated > 0.3 * fast.time and fast.events < full.events
+    assert fast.time == pytest.approx(full.time, rel=1e-9)
+    for a, b in zip(fast.runners, full.runners):
+        assert a.busy == pytest.approx(b.busy, rel=1e-6) and a.ops == b.ops
+
+
+def test_sync_all_waits_for_every_core():
+    """A core reaching SyncAll early waits for the slow core's arrival and for programs without a barrier to end."""
+    work = lambda n: Instr("vector", "work", bytes=n * 256.0, dtype="fp32", src="ub", dst="ub")  # noqa: E731
+    after = Instr("vector", "after", bytes=256.0, dtype="fp32", src="ub", dst="ub", wait=("go",))
+    sync = Instr("mte3", "sync_all", set=("go",))
+    fast = Program("aiv", (work(10), Instr("vector", "done", set=("ready",)), Instr("mte3", "wait", wait=("ready",)),
+                           sync, after))
+    slow = Program("aiv", (work(10000), Instr("vector", "done", set=("ready",)),
+                           Instr("mte3", "wait", wait=("ready",)), sync, after))
+    lone = Program("aic", (Instr("cube", "mmad", flops=2.0 * 128 ** 3 * 400, dtype="fp16", set=("x",)),))
+    trace = Trace("barrier", "910b2", {}, (Group(None, (fast,)), Group(None, (slow,)), Group(lone)), 0.0, 0.0, {})
+    out = Simulation(trace, CHIP, record=True).run()
+    starts = {(out.runners[i].group, op): t0 for i, op, t0, _ in out.spans}
+    ends = {(out.runners[i].group, op): t1 for i, op, _, t1 in out.spans}
+    assert starts[(0, "after")] >= ends[(1, "work")] and starts[(0, "after")] >= ends[(2, "mmad")]
+    no_barrier = Trace("barrier", "910b2", {}, trace.groups[:1], 0.0, 0.0, {})
+    assert Simulation(no_barrier, CHIP).run().time < out.time / 10
+
+
+def test_free_scalar_stream_is_timed_in_closed_form():
+    """Address arithmetic that nothing waits on is not simulated instruction by instruction but still counted."""
+    scalar = CHIP.aic.pipes["scalar"].latency_cycles / CHIP.clock
+    prog = Program("aic", (Loop(1000, (Instr("scalar", "addr"),
+                                       Instr("cube", "mmad", flops=2.0 * 16 ** 3, dtype="fp16")),),))
+    out = Simulation(Trace("free", "910b2", {}, (Group(prog),), 0.0, 0.0, {}), CHIP).run()
+    s = next(r for r in out.runners if r.pipe == "scalar")
+    assert s.ops == 1000 and s.busy == pytest.approx(1000 * scalar) and out.time >= s.busy
 
 
 def test_folded_group_equals_its_cores_simulated_one_by_one():

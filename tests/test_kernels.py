@@ -5,6 +5,8 @@ import pytest
 from npusim.errors import NpusimError
 from npusim.kernels import catalog
 from npusim.kernels.base import cdiv
+from npusim.engine import simulate
+from npusim.engine.sim import Simulation
 from npusim.kernels.trace import unroll
 from npusim.spec.chip import load_chip
 
@@ -56,9 +58,13 @@ def test_no_fp8_cube_on_910b(chip):
 
 
 def test_lightning_indexer_matches_huawei_block(chip):
-    t = catalog.kernel("lightning_indexer", {"tokens": 4096, "keys": 65536}).trace(chip)
+    """512 x 512 basic block, Q resident in L1 (128 KB) beside K triple-buffered in 256-key halves (192 KB), the
+    fp16 S' chunks and block-diagonal head weights of the cube head reduction (models.md §3.4)."""
+    t = catalog.kernel("lightning_indexer", {"tokens": 4096, "keys": 65536, "causal": 0}).trace(chip)
     assert t.tiling["block_m"] == 512 and t.tiling["block_n"] == 512
-    assert t.buffers["l1"] == 128 * 1024 + 192 * 1024  # Q resident + K triple buffer (models.md §3.4)
+    c_m, c_n, _ = t.tiling["l0_chunk"]
+    assert t.buffers["l1"] == 128 * 1024 + 192 * 1024 + 2 * 2 * c_m * c_n + 2 * 16 * 512
+    assert t.tiling["head_reduction"].startswith("cube")
 
 
 def test_causal_indexer_cube_work_follows_the_triangle(chip):
@@ -66,6 +72,46 @@ def test_causal_indexer_cube_work_follows_the_triangle(chip):
     causal = catalog.kernel("lightning_indexer", {"tokens": 8192, "keys": 8192}).trace(chip)
     ratio = causal.pipe_totals()["cube"]["flops"] / full.pipe_totals()["cube"]["flops"]
     assert 0.5 < ratio < 0.55
+
+
+def test_causal_indexer_prefill_is_one_loop_of_equal_units():
+    """Query blocks qb and nq-1-qb share a unit, so the 128K causal triangle is one band the engine compresses."""
+    chip = load_chip("910c-die")
+    t = catalog.kernel("lightning_indexer", {"tokens": 131072, "keys": 131072}).trace(chip)
+    assert t.tiling["units"] == "paired causal" and t.tiling["bands"] == 1
+    assert Simulation(t, chip).run().events < 100_000
+
+
+def test_indexer_decode_splits_keys_over_the_cores():
+    """A decode step (1 token per sequence, 2 sequences, 128K keys) cuts each sequence's keys into ranges on as many
+    cores as keep HBM streaming (more ranges only lengthen the merge on one vector core), merges the ranges after a
+    SyncAll, and runs near the HBM roofline (it ran on 2 cores at 64x before)."""
+    chip = load_chip("910c-die")
+    t = catalog.kernel("lightning_indexer", {"tokens": 1, "keys": 131072, "batch": 2, "causal": 0}).trace(chip)
+    assert sum(g.copies for g in t.groups if g.aic is not None and g.aic.body) >= 8
+    assert any(i.op == "sync_all" for _, i, _ in t.instructions())
+    r = simulate(t, chip, launch="none")
+    assert r.roofline_bound == "hbm" and r.time < 1.7 * r.roofline and r.servers["hbm"] > 0.7
+
+
+def test_indexer_vector_cores_have_their_own_flags(chip):
+    for shape in ({"tokens": 4096, "keys": 8192}, {"tokens": 4, "keys": 65536, "causal": 0}):
+        for g in catalog.kernel("lightning_indexer", shape).trace(chip).groups:
+            used = [{f for _, i, _ in _walked(p) for f in i.wait + i.set} for p in g.aiv]
+            assert len(used) < 2 or not used[0] & used[1]
+
+
+def _walked(prog):
+    from npusim.kernels.trace import walk
+    return ((prog, i, m) for i, m in walk(prog.body))
+
+
+def test_indexer_quantised_variant_follows_the_op_dtype(chip):
+    bf, i8 = (catalog.kernel("lightning_indexer", {"tokens": 2048, "keys": 8192, "dtype": d}).trace(chip)
+              for d in ("bf16", "int8"))
+    assert i8.dtype == "int8" and i8.buffers["l1"] < bf.buffers["l1"]
+    assert any(i.op == "load_key_scales" for _, i, _ in i8.instructions())
+    assert not any(i.op == "load_key_scales" for _, i, _ in bf.instructions())
 
 
 def test_every_trace_has_a_flag_order_the_executor_accepts(chip):

@@ -16,6 +16,13 @@ Model
   their pipe's route rate. A GM read becomes two fluid flows, `hit` of its bytes through the L2 server and the
   rest through the HBM server, a GM write one flow through HBM; each flow is capped at the issuing pipe's per-core
   rate and the servers' bandwidths are scaled by `chip.efficiency.l2` / `.hbm` (see servers.py).
+* An instruction named "sync_all" is the all-core barrier (AscendC SyncAll): after its own work the runner waits
+  until every runner holding a sync_all has reached one and every program without one has ended (the functional
+  executor's rule; free streams, below, excepted), then raises its sets. Folded copies count as their number.
+* A pipe whose stream neither waits, sets nor moves GM data (the scalar pipe's address arithmetic) cannot affect any
+  other pipe: it is not run as a process but timed in closed form (each instruction its work plus the start-up not
+  hidden behind the previous one's work), and the kernel lasts at least that long. Left running it would race ahead
+  of the pipeline and keep the chip from ever looking periodic.
 * Folded groups (`Group.copies = n`): the n copies run the same program on the same sizes from the same instant,
   so they stay in lockstep; one representative is simulated and each of its flows weighs n in the shared servers
   (it gets n shares and the others see n competitors). Statistics are multiplied by n where they are totals.
@@ -77,6 +84,34 @@ class Flag:
             self.count += 1
 
 
+class Barrier:
+    """The all-core barrier: opens when the runners holding it have all arrived (weighted by their copies) and every
+    runner of a program without it has finished."""
+
+    __slots__ = ("need", "arrived", "pending", "waiters")
+
+    def __init__(self, need: int, pending: int):
+        self.need = need  # weight of the runners whose stream holds a sync_all
+        self.arrived = 0
+        self.pending = pending  # weight of unfinished runners of programs without one
+        self.waiters: list[simpy.Event] = []
+
+    def arrive(self, weight: int, event: simpy.Event) -> None:
+        self.arrived += weight
+        self.waiters.append(event)
+        self.open()
+
+    def finished(self, weight: int) -> None:
+        self.pending -= weight
+        self.open()
+
+    def open(self) -> None:
+        if self.waiters and self.arrived >= self.need and self.pending <= 0:
+            waiters, self.waiters, self.arrived = self.waiters, [], 0
+            for event in waiters:
+                event.succeed()
+
+
 @dataclass(frozen=True, slots=True)
 class Op:
     """An instruction compiled against the chip: what it waits for, how long it holds its pipe, what it raises."""
@@ -89,6 +124,7 @@ class Op:
     hbm: float  # bytes through the HBM server (per copy)
     l2: float  # bytes through the L2 server (per copy)
     cap: float  # per-core byte rate of the pipe for GM transfers
+    barrier: bool = False  # sync_all: wait for every core before raising the sets
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,9 +152,10 @@ class Runner:
     """One pipe of one core of one group: its in-order instruction stream as a simpy process."""
 
     __slots__ = ("sim", "index", "group", "core", "pipe", "weight", "stack", "act", "start", "end", "flag",
-                 "lead", "busy", "ops", "sync")
+                 "lead", "busy", "ops", "sync", "unbarred")
 
-    def __init__(self, sim: "Simulation", index: int, group: int, core: str, pipe: str, weight: int, body: CLoop):
+    def __init__(self, sim: "Simulation", index: int, group: int, core: str, pipe: str, weight: int, body: CLoop,
+                 unbarred: bool = False):
         self.sim = sim
         self.index = index
         self.group = group
@@ -133,6 +170,7 @@ class Runner:
         self.busy = 0.0  # seconds the pipe was occupied (one copy)
         self.ops = 0  # instructions executed (one copy)
         self.sync = 0.0  # cross-core hand-off latency issued (one copy)
+        self.unbarred = unbarred  # its program has no sync_all: a barrier waits for it to finish
 
     def process(self):
         sim, env, stack = self.sim, self.sim.env, self.stack
@@ -180,6 +218,12 @@ class Runner:
             self.ops += 1
             if sim.spans is not None:
                 sim.spans.append((self.index, node.name, self.start, env.now))
+            if node.barrier:
+                event = env.event()
+                self.act = WAITING
+                sim.barrier.arrive(self.weight, event)
+                yield event
+                self.act = IDLE
             for flag, delay in node.sets:
                 if delay:
                     self.sync += delay
@@ -188,6 +232,8 @@ class Runner:
                     flag.release()
             frame.pos += 1
         self.act = DONE
+        if self.unbarred and sim.barrier is not None:
+            sim.barrier.finished(self.weight)
         if sim.pacer is self:
             sim.elect_pacer()
 
@@ -229,11 +275,15 @@ class Simulation:
         self.flags: list[Flag] = []
         self.pending: list[tuple[Flag, float]] = []  # cross-core raises in flight: (flag, due time)
         self.runners: list[Runner] = []
+        self.free: list[Runner] = []  # timed in closed form, not run
         self.history: dict[tuple[int, int], list[Snapshot]] = {}
         self.events = 0
         self.extrapolated = 0.0
         for g, group in enumerate(trace.groups):
             self._build_group(g, group)
+        held = [r for r in self.runners if any(op.barrier for op in _ops(r.stack[0].loop))]
+        self.barrier = Barrier(sum(r.weight for r in held),  # free streams (address arithmetic) never hold it
+                               sum(r.weight for r in self.runners if r.unbarred and r.act != DONE)) if held else None
         self.pacer: Runner | None = None
         if compress:
             self.elect_pacer()
@@ -263,12 +313,17 @@ class Simulation:
                     compiled[id(ins)] = self._compile(ins, prog.core, tuple(flags[n] for n in ins.wait), sets)
                 return compiled[id(ins)]
 
+            unbarred = not any(ins.op == "sync_all" for ins in _instrs(prog.body))
             for pipe in CORE_PIPES[prog.core]:
                 body = self._view(prog.body, pipe, op_of)
                 if body:
                     runner = Runner(self, len(self.runners), g, core, pipe, group.copies,
-                                    CLoop(1, body, next(self._uid)))
+                                    CLoop(1, body, next(self._uid)), unbarred)
                     self.runners.append(runner)
+                    if _free(runner.stack[0].loop):
+                        runner.busy, runner.ops = _closed_form(runner.stack[0].loop)
+                        runner.act = DONE
+                        self.free.append(runner)
             used = {ins.pipe for ins in _instrs(prog.body)}
             if used - set(CORE_PIPES[prog.core]):
                 bad = sorted(used - set(CORE_PIPES[prog.core]))[0]
@@ -313,7 +368,7 @@ class Simulation:
             hbm = ins.bytes - l2
         else:
             work = ins.bytes / route
-        return Op(ins.op, waits, sets, spec.latency_cycles / clock, work, hbm, l2, route)
+        return Op(ins.op, waits, sets, spec.latency_cycles / clock, work, hbm, l2, route, ins.op == "sync_all")
 
     # ------------------------------------------------------------------------------------------------ execution
     def transfer(self, runner: Runner, op: Op) -> simpy.Event:
@@ -346,7 +401,8 @@ class Simulation:
     def run(self) -> Outcome:
         env = self.env
         for runner in self.runners:
-            env.process(runner.process())
+            if runner.act != DONE:
+                env.process(runner.process())
         step = env.step
         try:
             while True:
@@ -360,7 +416,8 @@ class Simulation:
             what = f"waits forever on flag '{r.flag.name}'" if r.flag else "never finishes"
             raise NpusimError(f"{self.trace.kernel}: the trace deadlocks: group {r.group} {r.core} {r.pipe.upper()} "
                               f"{what} (a set/wait pair or an initial count in Group.flags is missing)")
-        return Outcome(env.now, tuple(self.runners), self.servers, self.events, self.extrapolated, self.spans)
+        end = max([env.now] + [r.busy for r in self.free])
+        return Outcome(end, tuple(self.runners), self.servers, self.events, self.extrapolated, self.spans)
 
     # ------------------------------------------------------------------------------------------- steady state
     def elect_pacer(self) -> None:
@@ -397,6 +454,8 @@ class Simulation:
             totals.extend((r.busy, r.ops, r.sync))
         for flag in self.flags:
             key.append((flag.count, tuple(w.index for w, _ in flag.waiters)))
+        if self.barrier is not None:
+            key.append((self.barrier.arrived, self.barrier.pending, len(self.barrier.waiters)))
         for server in self.servers.values():
             structure, left = server.state()
             key.append(structure)
@@ -453,13 +512,45 @@ class Simulation:
                 if r.act != DONE:
                     self.spans.append((r.index, f"steady state x{periods}", new.time, new.time + shift))
         self.extrapolated += shift
-        self.history.clear()
+        # snapshots of the loops that moved are stale; those of enclosing loops stay comparable (the jump is part of
+        # their next period), so an outer loop of identical iterations with inner jumps is found periodic too
+        jumped = {frame.loop.uid for frame, _ in moved}
+        for key in [k for k in self.history if k[1] in jumped]:
+            del self.history[key]
 
 
 def _iterations(loop: CLoop) -> int:
     """How many loop iterations a compiled body starts in all."""
     inner = sum(_iterations(n) for n in loop.body if isinstance(n, CLoop))
     return loop.count * (1 + inner)
+
+
+def _free(loop: CLoop) -> bool:
+    """A stream that no other pipe waits on and that waits on none, moving no GM data."""
+    return all(not (op.waits or op.sets or op.hbm or op.l2 or op.barrier) for op in _ops(loop))
+
+
+def _closed_form(loop: CLoop) -> tuple[float, int]:
+    """(seconds, instructions) of a free stream issued back to back: each op's work plus the start-up that its
+    predecessor's work does not hide (predecessors taken cyclically within each body)."""
+    busy, ops = 0.0, 0
+    prev = loop.body[-1].work if isinstance(loop.body[-1], Op) else 0.0
+    for node in loop.body:
+        if isinstance(node, CLoop):
+            b, n = _closed_form(node)
+            busy, ops, prev = busy + b, ops + n, 0.0
+        else:
+            busy, ops, prev = busy + node.work + max(0.0, node.latency - prev), ops + 1, node.work
+    return busy * loop.count, ops * loop.count
+
+
+def _ops(loop: CLoop):
+    """Every compiled op of a runner's stream once."""
+    for node in loop.body:
+        if isinstance(node, CLoop):
+            yield from _ops(node)
+        else:
+            yield node
 
 
 def _instrs(body: tuple[Node, ...]):

@@ -72,15 +72,23 @@ def lightning_indexer(q: np.ndarray, k: np.ndarray, weights: np.ndarray, topk: i
 
     Queries are the last T positions of the S keys; with `causal`, key s is visible to query t iff
     s <= S - T + t. Indices are sorted by score (ties to the lower index); -1 (score -inf) where fewer than
-    topk keys are visible.
+    topk keys are visible. dtype bf16 rounds q and k to bf16; int8 / fp8 quantise q per (token, head) and k per key
+    (symmetric, amax scales) as the indexer cache does, the query scales folded into the fp16 head weights W~ and the
+    key scales applied on the vector cores (models.md §3.4).
     """
-    from npusim.kernels.indexer import LightningIndexer
+    from npusim.kernels.indexer import DEQ, LightningIndexer, SCORE_DT
 
     T, H, D = q.shape
     S = k.shape[0]
     kern = LightningIndexer(T, S, H, D, topk, 1, int(causal), dtype, **tiles)
-    out = run(kern, {"q": rnd(q.reshape(T * H, D), dtype), "k": rnd(k, dtype), "w": rnd(weights, "fp32"),
-                     "scores": np.zeros((T, topk)), "indices": np.zeros((T, topk))}, chip)
+    w = np.asarray(weights, np.float64)
+    if kern.quantised:
+        elem = "int8" if dtype == "int8" else "fp8e4m3"
+        (q8, sq), (k8, sk) = quantize(q, elem, 2), quantize(k, elem, 1)
+        t = {"q": q8.reshape(T * H, D), "k": k8, "w": rnd(w * sq[..., 0] / DEQ, SCORE_DT), "ks": sk.reshape(1, S)}
+    else:
+        t = {"q": rnd(q.reshape(T * H, D), dtype), "k": rnd(k, dtype), "w": rnd(w, SCORE_DT)}
+    out = run(kern, t | {"scores": np.zeros((T, topk)), "indices": np.zeros((T, topk))}, chip)
     return out["scores"], out["indices"].astype(np.int64)
 
 

@@ -41,8 +41,8 @@ def mmad(*tiles, shape, qblock=0, transpose_b=False, accumulate=True, **_):
     """c (+)= a @ b on the cube (fp32/int32 accumulation); with block scales, each K block's partial sum is scaled.
     Inputs: (c, a, b[, sa, sb]) when accumulating into L0C, (a, b[, sa, sb]) for a fresh L0C."""
     c, a, b, *scales = tiles if accumulate else (0.0, *tiles)
-    if transpose_b:
-        b = np.swapaxes(b, -1, -2)
+    if transpose_b:  # a contiguous copy: OpenBLAS on a transposed view is ~100x slower on a busy machine
+        b = np.ascontiguousarray(np.swapaxes(b, -1, -2))
     if qblock:
         sa, sb = scales
         acc = np.zeros(np.broadcast_shapes(a.shape[:-1] + (1,), b.shape[:-2] + (1, b.shape[-1])))
@@ -56,42 +56,68 @@ def mmad(*tiles, shape, qblock=0, transpose_b=False, accumulate=True, **_):
 
 
 @op
-def fixpipe(c, *deq, shape, relu=False, dequant=False, **_):
-    """L0C -> GM/L1 on the way out: optional per-row x per-column dequant, optional ReLU."""
+def fixpipe(c, *deq, shape, relu=False, dequant=False, scale=1.0, **_):
+    """L0C -> GM/L1 on the way out: optional per-row x per-column dequant or a constant scale (DEQF16), optional
+    ReLU."""
     if dequant:
         sa, sb = deq
         c = c * sa * sb
+    c = c * scale
     return np.maximum(c, 0.0) if relu else c
 
 
 @op
-def headsum(s, w, shape, qpos, kpos, keys, causal=True, **_):
-    """Lightning-indexer weighted head-sum of ReLU scores for one token: w[1,H] @ s[H,n], masked past the
-    sequence end and (causal) after the query position."""
-    out = w @ s
-    pos = kpos + np.arange(s.shape[1])
-    bad = (pos >= keys) | ((pos > qpos) if causal else False)
+def headdiag(w, shape, tpc, **_):
+    """Lightning-indexer head weights as the A operand of the head-reduction matmul: per L0 chunk of `tpc` tokens a
+    16-row block, row i holding token i's head weights in that token's columns (block-diagonal, other rows zero)."""
+    out = np.zeros(shape)
+    heads = w.shape[1]
+    for t in range(w.shape[0]):
+        r, i = divmod(t, tpc)
+        out[r * 16 + i, i * heads:(i + 1) * heads] = w[t]
+    return out
+
+
+@op
+def li_scores(p, *ks, shape, qpos, kpos, keys, causal=True, **_):
+    """Head-summed indexer scores of n tokens (first at position qpos) over a key tile at kpos, times the key scales
+    (quantised variants); -inf past the sequence end and, causal, after each token's position."""
+    out = p * ks[0] if ks else p
+    pos = kpos + np.arange(p.shape[1])
+    bad = (pos >= keys)[None] | (((pos[None] > (qpos + np.arange(p.shape[0]))[:, None])) if causal else False)
     return np.where(bad, -np.inf, out)
 
 
 @op
 def topk_init(shape, **_):
+    """Running top-k state of n rows: n rows of values (-inf), then n rows of indices (-1)."""
     out = np.full(shape, -np.inf)
-    out[1::2] = -1
+    out[shape[0] // 2:] = -1
     return out
+
+
+def _topk(vals: np.ndarray, idx: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: the k largest, ties to the lower index (the reference's order); -inf entries carry index -1."""
+    idx = np.where(np.isneginf(vals), np.inf, idx)
+    order = np.lexsort((idx, -vals), axis=-1)[:, :k]
+    v, i = np.take_along_axis(vals, order, -1), np.take_along_axis(idx, order, -1)
+    return v, np.where(np.isinf(i), -1, i)
 
 
 @op
 def topk_merge(state, scores, shape, kpos, **_):
-    """Running exact top-k: state rows (values, indices) merged with a new tile of scores starting at key kpos.
-    Order: larger score first, ties to the lower index (the reference's order); -inf entries carry index -1."""
-    k = state.shape[1]
-    vals = np.concatenate([state[0], scores[0]])
-    idx = np.concatenate([state[1], kpos + np.arange(scores.shape[1])])
-    idx = np.where(np.isneginf(vals), np.inf, idx)
-    order = np.lexsort((idx, -vals))[:k]
-    v, i = vals[order], idx[order]
-    return np.stack([v, np.where(np.isinf(i), -1, i)])
+    """Running exact top-k of n rows (state: values then indices) merged with a tile of scores starting at key kpos."""
+    n, k = scores.shape[0], state.shape[1]
+    vals = np.concatenate([state[:n], scores], 1)
+    idx = np.concatenate([state[n:], np.broadcast_to(kpos + np.arange(scores.shape[1]), scores.shape)], 1)
+    return np.concatenate(_topk(vals, idx, k))
+
+
+@op
+def topk_union(state, part, shape, **_):
+    """Running exact top-k merged with another top-k list (values then indices, e.g. one key range's partial)."""
+    n, k = state.shape[0] // 2, state.shape[1]
+    return np.concatenate(_topk(np.concatenate([state[:n], part[:n]], 1), np.concatenate([state[n:], part[n:]], 1), k))
 
 
 @op

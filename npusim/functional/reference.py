@@ -26,13 +26,17 @@ def causal_mask(tokens: int, keys: int) -> np.ndarray:
     return np.arange(keys)[None, :] <= (keys - tokens + np.arange(tokens))[:, None]
 
 
-def lightning_indexer(q, k, weights, topk_: int, causal: bool = True):
-    """models.md §1.3: I[t,s] = sum_j w[t,j] ReLU(q[t,j] . k[s]); q [T,H,D], k [S,D], weights [T,H]."""
+def indexer_scores(q, k, weights, causal: bool = True) -> np.ndarray:
+    """models.md §1.3: I[t,s] = sum_j w[t,j] ReLU(q[t,j] . k[s]); q [T,H,D], k [S,D], weights [T,H] -> [T,S],
+    -inf where causal hides the key."""
     q, k, w = (np.asarray(x, np.float64) for x in (q, k, weights))
     scores = np.einsum("th,ths->ts", w, np.maximum(np.einsum("thd,sd->ths", q, k), 0.0))
-    if causal:
-        scores = np.where(causal_mask(q.shape[0], k.shape[0]), scores, -np.inf)
-    return topk(scores, topk_)
+    return np.where(causal_mask(q.shape[0], k.shape[0]), scores, -np.inf) if causal else scores
+
+
+def lightning_indexer(q, k, weights, topk_: int, causal: bool = True):
+    """The exact top-k of `indexer_scores`: (values, indices) [T, topk]."""
+    return topk(indexer_scores(q, k, weights, causal), topk_)
 
 
 def rmsnorm(x, weight, eps: float = 1e-6):

@@ -16,7 +16,7 @@ from npusim.errors import NpusimError
 from npusim.kernels.base import (Band, Kernel, Work, addr, capacity, cdiv, distribute, ins, nbytes, need_cube,
                                  pingpong, register, scaled)
 from npusim.kernels.tile import Act, Lin, Ref, lin
-from npusim.kernels.trace import Instr, Node, Trace
+from npusim.kernels.trace import Node, Trace
 from npusim.spec.chip import Chip
 
 
@@ -403,7 +403,8 @@ class GroupedGemm(Kernel):
     def work(self) -> Work:
         dt = scheme_of(self.dtype).cube
         used = sum(1 for m in self.rows_per_expert() if m)
-        io = nbytes(dt, self.rows, self.k) + used * nbytes(dt, self.k, self.n) + nbytes(self.out_dtype, self.rows, self.n)
+        io = (nbytes(dt, self.rows, self.k) + used * nbytes(dt, self.k, self.n)
+              + nbytes(self.out_dtype, self.rows, self.n))
         return Work(2.0 * self.rows * self.n * self.k, io, cube_dtype=dt)
 
     def build(self, chip: Chip) -> Trace:

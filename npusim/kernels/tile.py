@@ -9,23 +9,27 @@ e.g. "l1.a", "l0c", "ub.s").
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Union
 
 
 @dataclass(frozen=True, slots=True)
 class Lin:
-    """((base + sum(coef * env[var])) // div) % mod — block coordinates from loop indices (mod 0 = none)."""
+    """((base + sum(coef * env[var])) // div) % mod — block coordinates from loop indices (mod 0 = none).
+
+    A term's var may be a tuple of names, standing for their product (e.g. a 0/1 part selector times an offset).
+    """
 
     base: int = 0
-    terms: tuple[tuple[str, int], ...] = ()
+    terms: tuple[tuple[str | tuple[str, ...], int], ...] = ()
     div: int = 1
     mod: int = 0
 
     def __call__(self, env: dict[str, int]) -> int:
         v = self.base
         for var, coef in self.terms:
-            v += coef * env[var]
+            v += coef * (env[var] if isinstance(var, str) else math.prod(env[x] for x in var))
         v //= self.div
         return v % self.mod if self.mod else v
 
@@ -33,7 +37,7 @@ class Lin:
 Index = Union[int, Lin]
 
 
-def lin(*terms: tuple[str, int], base: int = 0, div: int = 1, mod: int = 0) -> Lin:
+def lin(*terms: tuple[str | tuple[str, ...], int], base: int = 0, div: int = 1, mod: int = 0) -> Lin:
     return Lin(base, tuple(terms), div, mod)
 
 
