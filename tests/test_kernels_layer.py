@@ -22,6 +22,7 @@ OP_SHAPES = [  # the op graph's shape keys (npusim/graph/builder.py), prefill an
     ("swiglu", {"rows": 4096, "width": 2048, "clamp": 10}),
     ("moe_combine", {"tokens": 16, "topk": 8, "hidden": 7168}),
     ("embedding", {"tokens": 4096, "hidden": 4096, "streams": 4}),
+    ("cache_update", {"rows": 8, "elements": 576}),
 ]
 
 

@@ -172,5 +172,5 @@ def v4_attention(q: np.ndarray, kv: np.ndarray, sink: np.ndarray, scale: float, 
     return out.reshape(T, H, D)
 
 
-from npusim.functional.layer_ops import (compressor, dequantise, embedding, mhc_post, mhc_pre, moe_combine,  # noqa: E402
-                                         moe_gate, quantise, rope, sinkhorn, swiglu)
+from npusim.functional.layer_ops import (cache_update, compressor, dequantise, embedding, mhc_post,  # noqa: E402
+                                         mhc_pre, moe_combine, moe_gate, quantise, rope, sinkhorn, swiglu)

@@ -127,3 +127,10 @@ def compressor(x: np.ndarray, w: np.ndarray, ape: np.ndarray, norm: np.ndarray, 
     t = {"x": rnd(x, "bf16"), "w": rnd(w, "bf16"), "ape": rnd(ape, "fp32"), "norm": rnd(norm, "fp32")[None],
          "cossin": np.concatenate([cos, sin], 1), "out": np.zeros((E, kern.d))}
     return _run(kern, t, chip)["out"]
+
+
+def cache_update(cache: np.ndarray, x: np.ndarray, slots: np.ndarray, chip: str | Chip = "910b2") -> np.ndarray:
+    """cache [S, d] (bf16) with rows x [T, d] written at slots [T] (-1 = skip) -> the updated cache."""
+    kern = vector.CacheUpdate(x.shape[0], x.shape[1])
+    t = {"x": rnd(x, "bf16"), "cache": rnd(cache, "bf16"), "slots": np.asarray(slots)[None]}
+    return _run(kern, t, chip)["cache"]

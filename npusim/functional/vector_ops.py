@@ -198,3 +198,13 @@ def norm_rope(e, w, cs, shape, rope, eps=1e-6, **_):
     a, b = r[:, 0::2].copy(), r[:, 1::2].copy()
     y[:, -rope:][:, 0::2], y[:, -rope:][:, 1::2] = a * cos - b * sin, a * sin + b * cos
     return y
+
+
+@op
+def scatter(table, idx, rows, shape, **_):
+    """The table with rows placed at idx (a cache update); index -1 leaves the table as it was."""
+    out = table.copy()
+    i = idx[0].astype(np.int64)
+    ok = i >= 0
+    out[i[ok]] = rows[:i.size][ok]
+    return out

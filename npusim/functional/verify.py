@@ -238,3 +238,16 @@ VERIFY |= {"mhc_pre": verify_mhc_pre, "mhc_post": verify_mhc_post, "moe_gate": v
            "compressor": verify_compressor, "rope": verify_rope, "quantise": verify_quantise,
            "dequantise": verify_quantise, "swiglu": verify_swiglu, "moe_combine": verify_moe_combine,
            "embedding": verify_embedding}
+
+
+def verify_cache_update(shape: dict, rng: np.random.Generator) -> list[Error]:
+    rows, n = shape.get("rows", 9), shape.get("elements", 576)
+    cache, x = rng.standard_normal((4 * rows, n)), rng.standard_normal((rows, n))
+    slots = rng.permutation(4 * rows)[:rows]
+    slots[0] = -1  # a padded token: nothing written
+    ref = rnd(cache, "bf16")
+    ref[slots[1:]] = rnd(x, "bf16")[1:]
+    return [_err("bf16", F.cache_update(cache, x, slots), ref)]
+
+
+VERIFY["cache_update"] = verify_cache_update

@@ -1,5 +1,5 @@
-"""Vector-core kernels that stream token tiles through UB: mHC post, RoPE, quantise / dequantise, SwiGLU, MoE combine
-and the embedding gather.
+"""Vector-core kernels that stream token tiles through UB: mHC post, RoPE, quantise / dequantise, SwiGLU, MoE combine,
+the embedding gather and the cache-row scatter.
 
 One mechanism (`Tiled`): the op's GM operands are cut into tiles of `bt` tokens x `bc` columns of the op's wide axis
 (hidden, or a row's elements); each AIV takes tiles in waves: MTE2 brings the tile's inputs into UB, a short list of
@@ -46,7 +46,8 @@ def mem(dtype: str, *dims: float) -> float:
 class Operand:
     """A GM array (or UB buffer) per tile: `per` rows per token, `cols` columns. `split`: its columns follow the
     column tile (else the whole row comes with each tile); `offset`: first column (two operands in one array);
-    `gather`: the rows are picked by an index array (per token) instead of read in order."""
+    `gather`: the rows are picked (an input) or placed (an output: a scatter) by an index array [1, tokens*per]
+    instead of read or written in order."""
 
     name: str
     per: int
@@ -171,8 +172,13 @@ class Tiled(Kernel):
                             dtype="fp32", src="ub", dst="ub", **flags))
         for i, o in enumerate(outs):
             cols = bc if o.split else o.cols
-            body.append(ins("mte3", f"store_{o.name}", Act("store", ref(o, False), (ref(o, True),),
-                                                            rnd_as(o.dtype)),
+            act = Act("store", ref(o, False), (ref(o, True),), rnd_as(o.dtype))
+            if o.gather:  # the discrete copy out: rows land at their slots (functionally the column tile updated)
+                whole = Ref(o.gm, (0, c0), (-1, bc))
+                act = Act("scatter", whole, (whole, Ref(o.gather, (0, lin(("tt", bt * o.per))), (1, bt * o.per),
+                                                         (1, T * o.per)), ref(o, True)), rnd_as(o.dtype),
+                          (("fill", -1),))
+            body.append(ins("mte3", f"store_{o.name}", act,
                             bytes=mem(o.dtype, bt * o.per, cols), dtype=o.dtype, src="ub", dst="gm",
                             wait=("out.full",) if i == 0 else (), set=("out.free",) if i == len(outs) - 1 else ()))
         head = addr(tt=lin(("blk", 1), div=ncol), ct=lin(("blk", 1), mod=ncol))
@@ -417,3 +423,31 @@ class Embedding(Tiled):
 
     def steps(self) -> tuple[Step, ...]:
         return (Step("repeat_rows", self.outputs()[0], ("rows",), 0.0, (("streams", self.streams),)),)
+
+
+@register
+@dataclass(frozen=True)
+class CacheUpdate(Tiled):
+    """New cache rows written to their slots (paged KV / indexer cache, no quantisation): x [rows, elements] ->
+    cache[slots[i]] = x[i] (slots [1, rows], -1 = skip)."""
+
+    name: ClassVar[str] = "cache_update"
+    rows: int
+    elements: int
+
+    @property
+    def tokens(self) -> int:
+        return self.rows
+
+    @property
+    def wide(self) -> int:
+        return self.elements
+
+    def inputs(self) -> tuple[Operand, ...]:
+        return (Operand("x", 1, self.elements, "bf16"),)
+
+    def outputs(self) -> tuple[Operand, ...]:
+        return (Operand("rows", 1, self.elements, "bf16", gather="slots", array="cache"),)
+
+    def steps(self) -> tuple[Step, ...]:
+        return (Step("copy", self.outputs()[0], ("x",), 0.0),)
