@@ -124,7 +124,7 @@ def _local(todo: list[Point], workers: int):
         yield from map(evaluate, todo)
         return
     with ProcessPoolExecutor(max_workers=workers) as pool:  # runs of neighbours share kernels in a worker's memo
-        yield from pool.map(evaluate, todo, chunksize=max(1, len(todo) // (4 * workers)))
+        yield from pool.map(evaluate, todo, chunksize=max(1, len(todo) // (16 * workers)))
 
 
 def _dask(todo: list[Point], scheduler):
