@@ -2,8 +2,9 @@
 tiling yet — its roofline at the chip's calibrated efficiencies. Each result says which model produced it.
 
 Ops map onto kernels by kind: linears and absorption BMMs onto the GEMM tiling with the dtype scheme of their
-weights; routed experts onto a batched GEMM over the touched experts (rows spread evenly); the Lightning Indexer
-onto its tiling with the op's query-key pairs; norms, RoPE and quantisation onto the row-wise vector kernel.
+weights; routed experts onto the grouped GEMM; the Lightning Indexer and the attention kernels onto their tilings
+with the op's query-key pairs; norms onto the row-wise vector kernel; every other op kind onto the kernel of the
+same name (KERNEL_OF lists the exceptions).
 
 How the step runs an op (`OpRun`) acts on the mechanism it names: the plan's kernel options become the kernel's
 tiling; a buffering depth rewrites the trace's slot semaphores; a core partition simulates the kernel on that many
@@ -33,7 +34,17 @@ from npusim.spec.plan import KernelOptions
 
 GEMM_SCHEMES = {"bf16": "bf16", "fp16": "fp16", "int8": "int8", "int4": "int8", "fp8": "fp8", "mxfp8": "mxfp8",
                 "mxfp4": "mxfp4"}  # int4 weights run the int8 cube path (Ascend W4A8 unpacks to int8)
-ROW_OPS = {"rmsnorm": "rmsnorm", "layernorm": "layernorm", "rope": "rope", "quant": "quant_int8"}  # op kind -> row op
+KERNEL_OF = {"rmsnorm": "rowwise", "layernorm": "rowwise", "hadamard": "gemm", "quant": "quantise"}
+
+
+def kernel_name(op: Op) -> str:
+    """The kernel an op runs (the name a plan's `kernels:` options are given under)."""
+    return KERNEL_OF.get(op.kind, op.kind)
+
+
+# op kinds whose kernel has the same name and takes the op's shape keys (moe_gate is timed with the sigmoid score;
+# V4's sqrt-softplus differs by a few vector ops per expert score)
+SAME_NAME = ("compressor", "mhc_pre", "mhc_post", "moe_gate", "swiglu", "embedding", "moe_combine", "cache_update")
 
 
 @dataclass(frozen=True)
@@ -117,18 +128,29 @@ def _default_kernel(op: Op, chip: Chip) -> Kernel | None:
                                             "heads": s["heads"], "dim": s["dim"], "topk": s["topk"], "batch": batch},
                       causal=0, dtype=_dtype(op, "q", chip))
     if op.kind in ATTENTION:
-        accepted = {f.name for f in dataclasses.fields(KERNELS[op.kind])}
-        shape = {k: v for k, v in s.items() if k in accepted and k not in ("tokens", "batch")}
+        shape = {k: v for k, v in _accepted(op.kind, s).items() if k not in ("tokens", "batch")}
         shape |= {"tokens": max(1, s["tokens"] // batch), "batch": batch, "keys": max(s.get("keys", 1), 1)}
         if op.kind == "flash_attention" and s["d_qk"] != s["d_v"] + 64:
             shape["kv_heads"] = s["heads"]  # MHA mode (V3.1 prefill): every head has its own K and V
         opts = {"dtype": "bf16"} if op.kind == "v4_attention" else {"dtype": "bf16", "causal": 0}
         return kernel(op.kind, shape, **opts)
-    if ROW_OPS.get(op.kind) in ROWWISE_OPS:
+    if op.kind in ROWWISE_OPS:
         rows = s.get("tokens", s.get("rows", 1)) * s.get("heads", 1)
-        dim = s.get("width", s.get("dim", s.get("elements", 1)))
-        return kernel("rowwise", {"rows": max(1, rows), "dim": dim}, op=ROW_OPS[op.kind])
+        return kernel("rowwise", {"rows": max(1, rows), "dim": s["width"]}, op=op.kind)
+    if op.kind == "hadamard":  # a 128 x 128 Hadamard matrix applied on the cube
+        return kernel("gemm", {"m": s["m"], "n": s["n"], "k": s["k"]}, dtype="bf16")
+    if op.kind == "quant":
+        return kernel("quantise", {"rows": s["rows"], "elements": s["elements"]}, dtype=op.dtypes["cache"])
+    if op.kind == "rope":  # the indexer's RoPE pairs halves, MLA's interleaves (models.md §1.3, [DS32-fix])
+        return kernel("rope", _accepted("rope", s), layout="half" if op.name.startswith("idx_") else "interleaved")
+    if op.kind in SAME_NAME:
+        return kernel(op.kind, _accepted(op.kind, s))
     return None
+
+
+def _accepted(name: str, shape: dict[str, int]) -> dict[str, int]:
+    fields = {f.name for f in dataclasses.fields(KERNELS[name])}
+    return {k: v for k, v in shape.items() if k in fields}
 
 
 _memo: dict[str, OpTime] = {}

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from npusim.engine.streams import Task, Timeline, run_streams
 from npusim.parallel.collectives import CommResult, collective_time
 from npusim.parallel.fusion import Placement, placements, unfused_topk
-from npusim.parallel.optime import ATTENTION, ROW_OPS, Activity, OpRun, OpTime, op_time
+from npusim.parallel.optime import ATTENTION, Activity, OpRun, OpTime, kernel_name, op_time
 from npusim.parallel.shard import SIDE_STREAM_OPS, RankLayer, RankStep
 from npusim.spec.plan import Plan
 from npusim.spec.system import System
@@ -157,7 +157,7 @@ def layer_time(layer: RankLayer, plan: Plan, system: System) -> LayerTime:
         for i, op in enumerate(part.ops):
             place = fused.get(op.name, Placement())
             stream, aic = cores.of(i)
-            t = op_time(op, chip, OpRun(launch if place.first else "none", plan.kernels.get(_kernel_name(op)), aic,
+            t = op_time(op, chip, OpRun(launch if place.first else "none", plan.kernels.get(kernel_name(op)), aic,
                                         place.input_on_chip, place.output_on_chip))
             if mb == 0 and copy == 0:
                 op_times.append(t)
@@ -200,11 +200,6 @@ def layer_time(layer: RankLayer, plan: Plan, system: System) -> LayerTime:
     link_bytes = sum(c.collective.bytes for c in layer.comms)
     return LayerTime(layer.name, layer.repeat, time, compute, comm, tl.exposed("comm"), tuple(op_times),
                      tuple(comm_times), tl, activity, link_bytes, layer.host_bytes)
-
-
-def _kernel_name(op) -> str:
-    """The kernel an op runs (the name a plan's `kernels:` options are given under)."""
-    return "rowwise" if op.kind in ROW_OPS else op.kind
 
 
 def _gate_offset(names: list[str], first_side: str) -> int:
