@@ -495,8 +495,8 @@ class Attention(Kernel):
 
         def barrier(a: int) -> tuple[Node, ...]:
             """AscendC SyncAll between the phases: each vector core bumps a GM counter once its partials are out
-            (MTE3, after its last store) and polls it before the combine reads; the wait for the slowest core is not
-            timed (the items are balanced over the cores), the functional path runs it as a true barrier."""
+            (MTE3, after its last store) and polls it before the combine reads; the engine and the functional path
+            both run `sync_all` as a barrier over all cores, so the wait for the slowest core is timed."""
             return (ins("mte3", "sync_all", bytes=32.0, dtype="int32", src="ub", dst="gm", hit=1.0, set=(f"sync{a}",)),
                     ins("mte2", "sync_poll", bytes=32.0, dtype="int32", src="gm", dst="ub", hit=1.0,
                         wait=(f"sync{a}",)))
