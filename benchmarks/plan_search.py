@@ -15,7 +15,8 @@ import time
 if "--warm" not in sys.argv:
     os.environ["NPUSIM_CACHE"] = tempfile.mkdtemp()
 
-from npusim.planner import Slo, search  # noqa: E402
+from npusim.planner import search  # noqa: E402
+from npusim.serving import Slo  # noqa: E402
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ except PackageNotFoundError:  # running from a source tree without installation
 
 # The public API, imported on first use so that `import npusim` (and every CLI start) stays light.
 _PUBLIC = {"predict": ("npusim.api", "predict"), "sweep": ("npusim.sweeps", "sweep"),
-           "plan": ("npusim.planner", "search"), "Slo": ("npusim.planner", "Slo"),
+           "plan": ("npusim.planner", "search"), "Slo": ("npusim.serving", "Slo"),
            "cost": ("npusim.results.cost", "cost"), "CostParams": ("npusim.results.cost", "CostParams"),
            "check": ("npusim.checks", "check"), "compare": ("npusim.results.compare", "compare")}
 

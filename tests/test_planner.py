@@ -4,7 +4,8 @@ import pytest
 
 from npusim import api
 from npusim.errors import NpusimError
-from npusim.planner import SearchSpace, Slo, search, write_plan
+from npusim.planner import SearchSpace, search, write_plan
+from npusim.serving import Slo
 
 SMALL = dict(hw="cloudmatrix384", model="deepseek-v3.2-exp", input=2048, output=256, workers=1,
              space=SearchSpace(max_ranks=32, min_ranks=16, attention_tp=(1, 4), o_proj_tp=(8,), dense_tp=(1,),
@@ -22,9 +23,11 @@ def loose():
 
 def test_slo_parse():
     assert Slo.parse("ttft=2s,tpot=30ms") == Slo(2.0, 0.03)
-    for bad in ("ttft=2s", "ttft=2s,tpot=fast", "latency=1s,tpot=3ms"):
+    for bad in ("ttft=2s,tpot=fast", "latency=1s,tpot=3ms", "ttft=1s,ttft=2s"):
         with pytest.raises(NpusimError, match="--slo"):
             Slo.parse(bad)
+    with pytest.raises(NpusimError, match="--slo"):  # the planner needs both limits
+        search(slo=Slo.parse("ttft=2s"), **SMALL)
 
 
 def test_recommended_plan_meets_slo_by_predict(loose, tmp_path):

@@ -1,15 +1,20 @@
-"""`npusim plan`: search the parallel plans that meet a TTFT / TPOT SLO and write the recommended one."""
+"""`npusim plan`: search the parallel plans that meet a TTFT / TPOT SLO (with --rate / --concurrency: at a
+percentile under that load, in the serving simulation) and write the recommended one."""
 
 from __future__ import annotations
+
+import json
 
 import pandas as pd
 
 from npusim import api
 from npusim.cli import common
 from npusim.errors import NpusimError
-from npusim.planner import SearchSpace, Slo, search, write_plan
+from npusim.planner import SearchSpace, Traffic, commands, search, write_plan
+from npusim.planner.search import PERCENTILES
 from npusim.planner.space import MTP_ACCEPTANCE
 from npusim.results.cost import CostParams, chip_usd_per_second
+from npusim.serving import Slo
 from npusim.spec.system import load_system
 
 
@@ -27,6 +32,15 @@ def register(sub) -> None:
     p.add_argument("--mtp", default="0,1,3", help="MTP depths to try (published acceptances: 0, 1, 3)")
     p.add_argument("--workers", type=int, default=None, help="local processes (default: up to 2)")
     p.add_argument("--out", default="plan.yaml", help="where to write the recommended plan (default plan.yaml)")
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--rate", type=float, help="also serve the frontier at this many requests/s (Poisson) and "
+                                                 "recommend the cheapest plan that meets the SLO under it")
+    load.add_argument("--concurrency", type=int, help="the same for this many concurrent users (closed loop)")
+    p.add_argument("--percentile", default=Traffic.percentile, choices=PERCENTILES,
+                   help=f"the SLO must hold at this percentile under the load (default {Traffic.percentile})")
+    p.add_argument("--requests", type=int, default=Traffic.requests,
+                   help=f"requests served per plan checked under the load (default {Traffic.requests})")
+    p.add_argument("--seed", type=int, default=Traffic.seed, help=f"random seed of the load (default {Traffic.seed})")
     common.add_set(p)
     common.add_format(p)
     p.set_defaults(run=run)
@@ -53,6 +67,8 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
 def run(args) -> None:
     overrides = common.parse_overrides(args.overrides)
     slo = Slo.parse(args.slo)
+    traffic = (Traffic(args.rate, args.concurrency, args.percentile, args.requests, args.seed)
+               if args.rate is not None or args.concurrency is not None else None)
     quant = None if args.quant == "model" else args.quant
     sizes, depths = _ints(args.ranks, "--ranks"), _ints(args.mtp, "--mtp")
     unknown = set(depths) - set(MTP_ACCEPTANCE)
@@ -61,33 +77,56 @@ def run(args) -> None:
                           field="--mtp")
     space = SearchSpace(min_ranks=min(sizes, default=8), sizes=sizes, mtp_depths=depths)
     result = search(args.hw, args.model, input=args.input, output=args.output, slo=slo, max_chips=args.max_chips,
-                    quant=quant, overrides=overrides, workers=args.workers, space=space)
+                    quant=quant, overrides=overrides, workers=args.workers, space=space, load=traffic)
     system = load_system(args.hw, api.split_overrides(overrides)["hw"])
     params = CostParams()
     per_chip_s = chip_usd_per_second(system.power_per_chip, system.price_per_chip, params) / params.utilisation
     shown = result.frontier or result.closest
     frame = _table(shown, per_chip_s).round(2)
+    pct = traffic.percentile if traffic else ""
+    served = pd.DataFrame([s.row(pct) for s in result.served]).round(2)
     written = write_plan(result, args.out) if result.recommended else None
-    extra = {"refusal": result.refusal or None, "candidates": result.candidates, "predictions": result.predictions, "pruned": result.pruned,
-             "meets_slo": bool(result.frontier), "recommended": result.recommended.row() if written else None,
-             "plan_file": str(written) if written else None}
+    confirm = commands(result, written) if written else []
+    extra = {"refusal": result.refusal or None, "candidates": result.candidates, "predictions": result.predictions,
+             "pruned": result.pruned, "meets_slo": result.recommended is not None,
+             "recommended": result.recommended.row() if written else None,
+             "plan_file": str(written) if written else None, "commands": confirm}
+    if traffic:
+        extra.update(load=traffic.describe(), served=json.loads(served.to_json(orient="records")))
     if args.format != "table":
         common.emit(frame, args.format, extra=extra)
         return
     print(f"{args.model} on {args.hw}: {args.input} in / {args.output} out, SLO TTFT <= {slo.ttft * 1e3:g} ms, "
           f"TPOT <= {slo.tpot * 1e3:g} ms; {result.candidates} candidates, {result.predictions} predictions, "
           f"{result.pruned} points pruned by monotone bounds")
+    if traffic:
+        print(f"load: {traffic.describe()}")
     if result.refusal:
         print(f"no candidate can run; for example {result.refusal}")
         return
     if not result.frontier:
-        print("no plan meets the SLO; the closest candidates (by the worse of TTFT/SLO and TPOT/SLO):")
+        print("no plan meets the SLO even for one request; the closest candidates (by the worse of TTFT/SLO and "
+              "TPOT/SLO):")
         common.emit(frame, "table")
         return
     common.emit(frame, "table", title="Pareto frontier (served tok/s per chip counts the prefill chips; "
                                       f"$ per million output tokens at {params.describe()})")
+    if result.recommended is None:
+        closest = pd.DataFrame([s.row(pct) for s in result.closest_served()]).round(2)
+        print(f"\nno plan on the frontier meets the SLO at {pct} under this load; the closest served (by the worse "
+              f"of TTFT {pct}/SLO and TPOT {pct}/SLO):")
+        common.emit(closest, "table")
+        return
+    if traffic:
+        print()
+        common.emit(served, "table", title=f"served under the load, fewest chips first until one meets the SLO "
+                                           f"(one request's TTFT / TPOT beside their {pct} under the load)")
     c = result.recommended
     print(f"\nrecommended: prefill {c.prefill.layout.describe()} + decode {c.decode.layout.describe()}, "
           f"global batch {c.decode.batch}: TTFT {c.ttft * 1e3:.0f} ms, TPOT {c.tpot * 1e3:.1f} ms, "
           f"{c.served_tokens_per_s_per_chip:.1f} tok/s per chip on {c.chips:g} chips")
-    print(f"written to {written}; confirm with:\n  " + written.read_text().splitlines()[1].lstrip("# "))
+    if traffic:
+        v = result.verified
+        print(f"under the load: TTFT {pct} {v.ttft * 1e3:.0f} ms, TPOT {pct} {v.tpot * 1e3:.1f} ms (one request: "
+              f"{c.ttft * 1e3:.0f} ms, {c.tpot * 1e3:.1f} ms)")
+    print(f"written to {written}; confirm with:\n" + "\n".join(f"  {cmd}" for cmd in confirm))

@@ -62,7 +62,7 @@ def register(sub) -> None:
 
 
 def run(args) -> None:
-    slo = parse_slo(args.slo) if args.slo else None
+    slo = Slo.parse(args.slo) if args.slo else None
     if args.trace and (args.input or args.output):
         raise NpusimError("a trace gives every request's lengths: drop --input / --output", field="--trace")
     requests = DEFAULT_REQUESTS if args.requests is None and args.duration is None and not args.trace else args.requests
@@ -234,21 +234,6 @@ def parse_rates(text: str) -> list[float]:
     if any(not r > 0 for r in rates) or rates != sorted(set(rates)):
         raise NpusimError(f"'{text}' must be positive rates in increasing order", field="--rates")
     return rates
-
-
-def parse_slo(text: str) -> Slo:
-    """ttft=2s,tpot=30ms (either or both)."""
-    limits = {}
-    for item in text.split(","):
-        key, sep, value = item.partition("=")
-        key = key.strip().lower()
-        if not sep or key not in ("ttft", "tpot") or key in limits:
-            raise NpusimError(f"'{text}' must look like ttft=2s,tpot=30ms (each at most once)", field="--slo")
-        try:
-            limits[key] = units.parse(value.strip(), "time")
-        except units.UnitError as exc:
-            raise NpusimError(f"{key}: {exc}", field="--slo") from None
-    return Slo(**limits)
 
 
 def describe_slo(slo: Slo) -> str:

@@ -1,6 +1,6 @@
-"""Capacity planning: search parallel plans that meet a TTFT / TPOT SLO (npusim plan)."""
+"""Capacity planning: search parallel plans that meet a TTFT / TPOT SLO, optionally under a load (npusim plan)."""
 
-from npusim.planner.search import Candidate, SearchResult, Slo, search, write_plan
+from npusim.planner.search import Candidate, SearchResult, Served, Traffic, commands, search, write_plan
 from npusim.planner.space import SearchSpace
 
-__all__ = ["Candidate", "SearchResult", "SearchSpace", "Slo", "search", "write_plan"]
+__all__ = ["Candidate", "SearchResult", "SearchSpace", "Served", "Traffic", "commands", "search", "write_plan"]

@@ -11,15 +11,22 @@ facts keep the number of predictions small:
 
 Configurations that do not divide the model or do not fit in HBM are refused by predict before any timing, so they
 cost a millisecond. The frontier is then predicted again as complete disaggregated plans with the real scenario.
+
+Given a load (`Traffic`), meeting the SLO for one request is necessary, not sufficient: under a request rate TTFT
+gains queueing and TPOT the spread of contexts and MTP draws. The frontier (which then also keeps larger deployments
+for their total throughput) is served in the request-level simulation, cheapest first, until one plan meets the SLO
+at the chosen percentile; that plan is recommended. At a given load every plan serves the same tokens, so a plan's
+cost per token is proportional to its chips: that is the order.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from itertools import groupby
 from pathlib import Path
 
@@ -29,31 +36,9 @@ import yaml
 from npusim import api
 from npusim.errors import NpusimError
 from npusim.planner.space import Layout, SearchSpace, plan_document
-from npusim.spec import units
+from npusim.serving import ClosedLoop, Fixed, OpenLoop, Percentiles, Slo
+from npusim.serving.predicted import ServedPlan
 from npusim.spec.system import load_system
-
-
-@dataclass(frozen=True)
-class Slo:
-    ttft: float  # seconds
-    tpot: float  # seconds per output token
-
-    @classmethod
-    def parse(cls, text: str) -> Slo:
-        """'ttft=2s,tpot=30ms' -> Slo(2.0, 0.03)."""
-        values = {}
-        for item in filter(None, (p.strip() for p in text.split(","))):
-            key, sep, value = item.partition("=")
-            if not sep or key.strip() not in ("ttft", "tpot"):
-                raise NpusimError(f"'{item}' must be ttft=TIME or tpot=TIME, e.g. ttft=2s,tpot=30ms", field="--slo")
-            try:
-                values[key.strip()] = units.parse(value.strip(), "time")
-            except units.UnitError as exc:
-                raise NpusimError(str(exc), field=f"--slo {key.strip()}") from None
-        missing = {"ttft", "tpot"} - set(values)
-        if missing:
-            raise NpusimError(f"needs both ttft and tpot (missing {', '.join(sorted(missing))})", field="--slo")
-        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -70,6 +55,54 @@ class Scenario:
     @property
     def context(self) -> int:
         return self.input + self.output // 2
+
+
+PERCENTILES = tuple(f.name for f in fields(Percentiles))  # what an SLO may be judged at: mean, p50, p90, p99
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """The load a plan must serve, with requests of the planned lengths: `rate` requests/s arriving as a Poisson
+    process (open loop) or `concurrency` users each waiting for their last answer (closed loop). The SLO is judged at
+    `percentile` over `requests` requests of one seeded run."""
+
+    rate: float | None = None
+    concurrency: int | None = None
+    percentile: str = "p99"
+    requests: int = 200
+    seed: int = 0
+
+    def __post_init__(self):
+        if (self.rate is None) == (self.concurrency is None):
+            raise NpusimError("give either a request rate or a concurrency", field="--rate")
+        if self.percentile not in PERCENTILES:
+            raise NpusimError(f"'{self.percentile}' is not one of {', '.join(PERCENTILES)}", field="--percentile")
+        if self.requests < 1:
+            raise NpusimError(f"must be at least 1, got {self.requests}", field="--requests")
+        try:
+            self.load(1, 1)  # the serving load checks its own rate / concurrency
+        except NpusimError as exc:
+            raise NpusimError(exc.detail, field=f"--{exc.field}") from None
+
+    def load(self, input: int, output: int) -> OpenLoop | ClosedLoop:
+        if self.rate is not None:
+            return OpenLoop(self.rate, Fixed(input), Fixed(output))
+        return ClosedLoop(self.concurrency, Fixed(input), Fixed(output))
+
+    def describe(self) -> str:
+        kind = (f"{self.rate:g} requests/s (Poisson)" if self.rate is not None
+                else f"{self.concurrency} concurrent users")
+        return f"{kind}, {self.requests} requests, seed {self.seed}, SLO at {self.percentile}"
+
+    def args(self) -> str:
+        """The same load as `npusim serve` options."""
+        kind = f"--rate {self.rate!r}" if self.rate is not None else f"--concurrency {self.concurrency}"
+        return f"{kind} --requests {self.requests} --seed {self.seed}"
+
+
+def violation(ttft: float, tpot: float, slo: Slo) -> float:
+    """How far the worse of TTFT and TPOT is from its target (<= 1 meets the SLO)."""
+    return max(ttft / slo.ttft, tpot / slo.tpot)
 
 
 @dataclass(frozen=True)
@@ -107,8 +140,17 @@ class Candidate:
     exact: bool = False  # True once predicted as a complete plan
 
     def violation(self, slo: Slo) -> float:
-        """How far the worse of TTFT and TPOT is from its target (<= 1 meets the SLO)."""
-        return max(self.ttft / slo.ttft, self.tpot / slo.tpot)
+        return violation(self.ttft, self.tpot, slo)
+
+    @property
+    def served_tokens_per_s(self) -> float:
+        """Output tokens/s of the whole deployment at full batch: the load it can carry."""
+        return self.served_tokens_per_s_per_chip * self.chips
+
+    def scheduler(self, sc: Scenario) -> dict[str, int]:
+        """Serving limits as planned: the decode batch per attention-DP rank, and a prefill step of one prompt (the
+        step predict sized the prefill instance for)."""
+        return {"max_batch": math.ceil(self.decode.batch / self.decode.layout.dp), "token_budget": sc.input}
 
     def row(self) -> dict:
         return {"chips": self.chips, "prefill": self.prefill.layout.describe(),
@@ -116,6 +158,31 @@ class Candidate:
                 "ttft_ms": self.ttft * 1e3, "tpot_ms": self.tpot * 1e3,
                 "decode_tok_s_chip": self.decode_tokens_per_s_per_chip,
                 "served_tok_s_chip": self.served_tokens_per_s_per_chip}
+
+
+@dataclass(frozen=True)
+class Served:
+    """A candidate run in the serving simulation under the Traffic: TTFT and TPOT at its percentile, the limits they
+    miss, or why the plan could not be served at all."""
+
+    candidate: Candidate
+    ttft: float = math.inf
+    tpot: float = math.inf
+    misses: tuple[str, ...] = ()  # 'ttft', 'tpot'
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not (self.error or self.misses)
+
+    def verdict(self, percentile: str) -> str:
+        if self.error:
+            return self.error
+        return "meets" if self.ok else " and ".join(f"{m.upper()} {percentile}" for m in self.misses) + " above SLO"
+
+    def row(self, percentile: str) -> dict:
+        return {**self.candidate.row(), f"ttft_{percentile}_ms": self.ttft * 1e3,
+                f"tpot_{percentile}_ms": self.tpot * 1e3, "under_load": self.verdict(percentile)}
 
 
 def served_tokens_per_s_per_chip(input: int, output: int, prefill_tps_chip: float, decode_tps_chip: float) -> float:
@@ -135,6 +202,17 @@ class SearchResult:
     closest: list[Candidate] = field(default_factory=list)  # when nothing meets: the nearest misses, exact
     recommended: Candidate | None = None
     refusal: str = ""  # when no candidate could run at all: predict's reason for the largest one
+    traffic: Traffic | None = None
+    served: list[Served] = field(default_factory=list)  # frontier plans served under the traffic, in the order tried
+
+    @property
+    def verified(self) -> Served | None:
+        """The recommended plan's run under the traffic."""
+        return next((s for s in self.served if s.ok), None)
+
+    def closest_served(self, n: int = 5) -> list[Served]:
+        """The served plans nearest to the SLO at the traffic's percentile (the worse of the two ratios)."""
+        return sorted(self.served, key=lambda s: violation(s.ttft, s.tpot, self.slo))[:n]
 
 
 # ------------------------------------------------------------------------------------------------ evaluation
@@ -220,11 +298,13 @@ def _combine(sc: Scenario, pre: PhasePoint, dec: PhasePoint) -> Candidate:
                                                   dec.tokens_per_s_per_chip))
 
 
-def pareto(cands: list[Candidate]) -> list[Candidate]:
-    """Candidates no other beats on served tokens/s per chip, TPOT and chips at once."""
+def pareto(cands: list[Candidate], by_total: bool = False) -> list[Candidate]:
+    """Candidates no other beats on served tokens/s per chip, TPOT and chips at once (`by_total`: and on the served
+    tokens/s of the whole deployment, so that a larger deployment is kept for the load it can carry)."""
     if not cands:
         return []
-    m = np.array([(-c.served_tokens_per_s_per_chip, c.tpot, c.chips) for c in cands])
+    m = np.array([(-c.served_tokens_per_s_per_chip, c.tpot, c.chips) + ((-c.served_tokens_per_s,) if by_total else ())
+                  for c in cands])
     keep = [i for i in range(len(m)) if not np.any(np.all(m <= m[i], axis=1) & np.any(m < m[i], axis=1))]
     return sorted((cands[i] for i in keep), key=lambda c: (c.chips, c.tpot))
 
@@ -252,6 +332,32 @@ def _exact_or_none(sc: Scenario, cand: Candidate, workdir: str) -> Candidate | N
         return None
 
 
+def _serve(sc: Scenario, cand: Candidate, slo: Slo, traffic: Traffic, workdir: str) -> Served:
+    """The candidate's plan file served under the traffic, as the `npusim serve` command of `commands` does."""
+    plan = _plan_file(plan_document(cand.prefill.layout, cand.decode.layout), workdir)
+    try:
+        served = ServedPlan.of(api.load_setup(sc.hw, sc.model, plan, sc.quant, dict(sc.overrides)),
+                               **cand.scheduler(sc))
+        summary = served.run(traffic.load(sc.input, sc.output), seed=traffic.seed, requests=traffic.requests,
+                             slo=slo).summary
+    except NpusimError as exc:  # e.g. no HBM left for the KV cache beside the planned batch
+        return Served(cand, error=exc.detail)
+    pct = traffic.percentile
+    return Served(cand, getattr(summary.ttft, pct), getattr(summary.tpot, pct), summary.misses(slo, pct))
+
+
+def _serve_cheapest_first(sc: Scenario, frontier: list[Candidate], slo: Slo, traffic: Traffic,
+                          workdir: str) -> list[Served]:
+    """Serve the frontier in order of chips (at a fixed load, of cost), the most served tokens per chip first among
+    equals, and stop at the first plan that meets the SLO."""
+    out = []
+    for cand in sorted(frontier, key=lambda c: (c.chips, -c.served_tokens_per_s_per_chip, c.tpot)):
+        out.append(_serve(sc, cand, slo, traffic, workdir))
+        if out[-1].ok:
+            break
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ the search
 
 def _families(layouts: list[Layout]) -> list[list[Layout]]:
@@ -261,8 +367,12 @@ def _families(layouts: list[Layout]) -> list[list[Layout]]:
 
 def search(hw: str, model: str, *, input: int, output: int, slo: Slo, max_chips: float | None = None,
            quant: str | None = "bf16", overrides: dict[str, str] | None = None, space: SearchSpace | None = None,
-           workers: int | None = None, prune: bool = True, closest: int = 5) -> SearchResult:
-    """Search disaggregated plans for `model` on `hw`; see the module docstring for how."""
+           workers: int | None = None, prune: bool = True, closest: int = 5,
+           load: Traffic | None = None) -> SearchResult:
+    """Search disaggregated plans for `model` on `hw`; see the module docstring for how. With a `load`, the
+    recommended plan is the cheapest on the frontier that also meets the SLO under it in the serving simulation."""
+    if slo.ttft is None or slo.tpot is None:
+        raise NpusimError("the planner needs both a ttft and a tpot limit, e.g. ttft=2s,tpot=30ms", field="--slo")
     sc = Scenario(hw, model, input, output, quant, tuple(sorted((overrides or {}).items())))
     system = load_system(hw, api.split_overrides(overrides)["hw"])
     dies = system.chip_spec.dies
@@ -298,10 +408,15 @@ def search(hw: str, model: str, *, input: int, output: int, slo: Slo, max_chips:
         combos = [_combine(sc, p, d) for p in set(best_pre) for d in dec_points
                   if p.layout.ranks + d.layout.ranks <= budget]
         meeting = [c for c in combos if c.violation(slo) <= 1]
-        result = SearchResult(sc, slo, n_cands, predictions, pruned)
-        exact = [c for c in _run([(sc, c, workdir) for c in pareto(meeting)], _exact_or_none, workers) if c]
-        result.frontier = pareto([c for c in exact if c.violation(slo) <= 1])
-        result.recommended = recommend(result.frontier)
+        result = SearchResult(sc, slo, n_cands, predictions, pruned, traffic=load)
+        by_total = load is not None
+        exact = [c for c in _run([(sc, c, workdir) for c in pareto(meeting, by_total)], _exact_or_none, workers) if c]
+        result.frontier = pareto([c for c in exact if c.violation(slo) <= 1], by_total)
+        if load is None:
+            result.recommended = recommend(result.frontier)
+        else:
+            result.served = _serve_cheapest_first(sc, result.frontier, slo, load, workdir)
+            result.recommended = result.verified.candidate if result.verified else None
         if not combos:
             failed = [p for pts, _ in pre_runs + dec_runs for p in pts if not p.ok]
             worst = max(failed, key=lambda p: p.layout.ranks, default=None)
@@ -313,20 +428,36 @@ def search(hw: str, model: str, *, input: int, output: int, slo: Slo, max_chips:
     return result
 
 
+def commands(result: SearchResult, path: str | Path) -> list[str]:
+    """The `npusim predict` command that reproduces the recommended plan's figures and, with a load, the
+    `npusim serve` command that confirms it under that load (same plan file, scheduler limits, load and seed)."""
+    c, sc = result.recommended, result.scenario
+    common = f"--hw {sc.hw} --model {sc.model} --plan {path} --input {sc.input} --output {sc.output}"
+    tail = f" --quant {sc.quant or 'model'}" + "".join(f" --set {k}={v}" for k, v in sc.overrides)
+    out = [f"npusim predict {common} --batch {c.decode.batch}{tail}"]
+    if result.traffic is not None:
+        limits = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in c.scheduler(sc).items())
+        out.append(f"npusim serve {common} {result.traffic.args()} {limits} --slo {result.slo}{tail}")
+    return out
+
+
 def write_plan(result: SearchResult, path: str | Path) -> Path:
-    """The recommended deployment as a plan file, with the command that reproduces its prediction."""
+    """The recommended deployment as a plan file, with the commands that reproduce its prediction (and confirm it
+    under the load)."""
     c = result.recommended
     if c is None:
         raise NpusimError("no plan meets the SLO, so there is none to write", field="--out")
     sc = result.scenario
-    doc = plan_document(c.prefill.layout, c.decode.layout,
-                        f"npusim plan: {sc.model} on {sc.hw}, {sc.input} in / {sc.output} out, "
-                        f"TTFT {c.ttft * 1e3:.0f} ms <= {result.slo.ttft * 1e3:.0f} ms, "
-                        f"TPOT {c.tpot * 1e3:.1f} ms <= {result.slo.tpot * 1e3:.1f} ms")
+    description = (f"npusim plan: {sc.model} on {sc.hw}, {sc.input} in / {sc.output} out, "
+                   f"TTFT {c.ttft * 1e3:.0f} ms <= {result.slo.ttft * 1e3:.0f} ms, "
+                   f"TPOT {c.tpot * 1e3:.1f} ms <= {result.slo.tpot * 1e3:.1f} ms")
+    if result.traffic is not None:
+        v, pct = result.verified, result.traffic.percentile
+        description += (f"; under {result.traffic.describe()}: TTFT {pct} {v.ttft * 1e3:.0f} ms, "
+                        f"TPOT {pct} {v.tpot * 1e3:.1f} ms")
+    doc = plan_document(c.prefill.layout, c.decode.layout, description)
     path = Path(path)
-    sets = "".join(f" --set {k}={v}" for k, v in sc.overrides)
-    header = (f"# Written by npusim plan. Reproduce its prediction with:\n#   npusim predict --hw {sc.hw} "
-              f"--model {sc.model} --plan {path} --input {sc.input} --output {sc.output} --batch {c.decode.batch}"
-              f" --quant {sc.quant or 'model'}{sets}\n")
+    header = "# Written by npusim plan. Reproduce its prediction (and confirm it under the load) with:\n" + \
+        "".join(f"#   {cmd}\n" for cmd in commands(result, path))
     path.write_text(header + yaml.safe_dump(doc, sort_keys=False))
     return path

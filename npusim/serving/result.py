@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from npusim.errors import NpusimError
+from npusim.spec import units
 
 REQUEST_COLUMNS = ("request", "arrival", "input", "output", "prefix_hit", "generated", "preemptions", "prefill_rank",
                    "decode_rank", "scheduled", "first_token", "finish")
@@ -33,6 +34,25 @@ class Slo:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise NpusimError(f"must be a positive number of seconds, got {value!r}", field=f"slo.{name}")
+
+    @classmethod
+    def parse(cls, text: str) -> Slo:
+        """'ttft=2s,tpot=30ms' -> Slo(2.0, 0.03); either limit may be left out."""
+        limits = {}
+        for item in text.split(","):
+            key, sep, value = item.partition("=")
+            key = key.strip().lower()
+            if not sep or key not in ("ttft", "tpot") or key in limits:
+                raise NpusimError(f"'{text}' must look like ttft=2s,tpot=30ms (each at most once)", field="--slo")
+            try:
+                limits[key] = units.parse(value.strip(), "time")
+            except units.UnitError as exc:
+                raise NpusimError(f"{key}: {exc}", field="--slo") from None
+        return cls(**limits)
+
+    def __str__(self) -> str:
+        """The form `parse` reads back exactly, e.g. ttft=2.0s,tpot=0.03s."""
+        return ",".join(f"{name}={value!r}s" for name, value in asdict(self).items() if value is not None)
 
 
 @dataclass(frozen=True)
@@ -79,8 +99,12 @@ class Summary:
     def meets(self, slo: Slo, percentile: str = "p99") -> bool:
         """TTFT and TPOT at `percentile` ('mean', 'p50', 'p90', 'p99') within every limit the SLO gives: what a
         planner asks of a deployment under load (NaN, nothing measured, never meets)."""
-        return all(getattr(getattr(self, name), percentile) <= limit
-                   for name, limit in (("ttft", slo.ttft), ("tpot", slo.tpot)) if limit is not None)
+        return not self.misses(slo, percentile)
+
+    def misses(self, slo: Slo, percentile: str = "p99") -> tuple[str, ...]:
+        """The latencies ('ttft', 'tpot') whose `percentile` is above the SLO's limit for them."""
+        return tuple(name for name, limit in (("ttft", slo.ttft), ("tpot", slo.tpot))
+                     if limit is not None and not getattr(getattr(self, name), percentile) <= limit)
 
     def flat(self) -> dict[str, float | int | None]:
         """One row for a table across runs (a rate sweep): latencies become ttft_p99 and so on."""
