@@ -102,9 +102,20 @@ def kv_bytes(model: ModelConfig, plan: Plan, step: RankStep, quant: QuantScheme,
     return seqs * (resident + fp.fixed_bytes_per_sequence) * layers_share
 
 
+CACHE_READERS = ("lightning_indexer", "sparse_flash_attention", "flash_attention", "v4_attention")
+
+
+def _live(op) -> float:
+    """Bytes an op holds live: inputs and outputs, weights apart. Attention and the indexer read the caches, which
+    are counted as KV cache, so only their outputs (and queries of the same size) are activations."""
+    if op.kind in CACHE_READERS:
+        return 2.0 * op.bytes_written
+    return op.bytes_read - op.weight_bytes + op.bytes_written
+
+
 def activation_bytes(step: RankStep) -> float:
-    """Peak live activations: the largest op's inputs and outputs (weights apart), twice for double buffering."""
-    return 2.0 * max(op.bytes_read - op.weight_bytes + op.bytes_written for layer in step.layers for op in layer.ops)
+    """Peak live activations: the largest op's inputs and outputs, twice for double buffering."""
+    return 2.0 * max(_live(op) for layer in step.layers for op in layer.ops)
 
 
 def comm_groups(plan: Plan, phase: str) -> int:
