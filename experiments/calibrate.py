@@ -15,7 +15,7 @@ import pandas as pd
 
 from experiments.validate import ROWS, evaluate
 
-CANDIDATES_US = (2, 4, 6, 8, 10, 12)
+CANDIDATES_US = (1, 2, 3, 4, 6, 8, 10, 12)
 CHIP_OF_SYSTEM = {"cloudmatrix384": "910c-die", "atlas-950-superpod": "950dt"}
 
 

@@ -54,7 +54,7 @@ ROWS = [
     Row("K23", "950pr", 6144, 6144, 6144, "mxfp8", "bf16", "time", 0.6225e-3, "pto-isa MXFP8 GEMM, 32 cores at 1.65 GHz"),
     Row("K24", "950pr", 2048, 8192, 8192, "mxfp4", "bf16", "time", 0.3489e-3,
         "pto-isa MXFP4 GEMM at the FP8 rate; its profile has TEXTRACT (L1->L0) 88 % busy at ~34 B/cycle, MTE2 46 %: "
-        "the 4-bit extract, not GM/L1 bandwidth or scales, limits it (whitepaper rate kept; see the K24 comment)"),
+        "the 4-bit extract limits it; that measured rate is the chip's l1>l0*:mxfp4 MTE1 route (see the K24 comment)"),
 ]
 
 
@@ -65,8 +65,10 @@ ROWS = [
 # extract is ~2.3x slower. In npusim with the measured tiling, giving MTE1 that 34 B/cycle reproduces the five times
 # within -19..+3 % (-5 % here) and the TEXTRACT / TLOAD ratios; giving the cube the FP8 rate instead matches only the
 # reported cube ratio (90.7 %) and runs 9-25 % long with TEXTRACT at 7-11 %. MTE2 bytes per FLOP (half of FP8's)
-# and the e8m0 scale loads (~6 % of the bytes) have slack; FIXPIPE writes bf16 once per block. npusim has one MTE1 rate
-# per route for every dtype, so the row stays off by the factor the extract costs.
+# and the e8m0 scale loads (~6 % of the bytes) have slack; FIXPIPE writes bf16 once per block. The measured extract
+# rate is therefore the 950 chip file's dtype-specific MTE1 route (`l1>l0a:mxfp4`, `l1>l0b:mxfp4` = 34 B/cycle, a
+# measured figure, so this row is a fit); the cube keeps the whitepaper MXFP4 rate, and the tiler, costing the slow
+# extract, picks the measured kernel's 256x256x256 blocks by itself.
 
 
 def default_trace(row: Row, chip: Chip) -> Trace:

@@ -347,7 +347,8 @@ class Simulation:
         spec = (chip.aic if core == "aic" else chip.aiv).pipes[ins.pipe]
         clock = chip.clock
         work = 0.0
-        route = spec.routes.get(f"{ins.src}>{ins.dst}", spec.bytes_per_cycle) * clock
+        path = f"{ins.src}>{ins.dst}"  # a dtype-specific route (e.g. 4-bit L1->L0 extract) overrides the path's rate
+        route = spec.routes.get(f"{path}:{ins.dtype}", spec.routes.get(path, spec.bytes_per_cycle)) * clock
         hbm = l2 = 0.0
         if ins.pipe in ("cube", "vector"):
             eff = chip.efficiency.cube if ins.pipe == "cube" else chip.efficiency.vector

@@ -192,8 +192,7 @@ class CubeTiling:
         cap = mte2.routes.get("gm>l1", mte2.bytes_per_cycle) * clock
         hbm_bw, l2_bw = chip.hbm.bandwidth * eff.hbm, chip.l2.read_bandwidth * eff.l2
         cube = 2.0 * bm * bn * cdiv(k, fk) * fk / (aic.cube.flop_per_cycle[dt] * clock * eff.cube)
-        copy = (a / mte1.routes.get("l1>l0a", mte1.bytes_per_cycle) + b / mte1.routes.get("l1>l0b",
-                                                                                          mte1.bytes_per_cycle)) / clock
+        copy = (a / _route(mte1, "l1>l0a", dt) + b / _route(mte1, "l1>l0b", dt)) / clock
         out = nbytes(p.out_dtype, bm, bn) / (fix.bytes_per_cycle * clock)
         ha, hb = self.l2_hits(chip, p)
         loads = ((a, ha), (b, hb), (p.scale_bytes(bm, bn, k), 1.0))
@@ -209,6 +208,11 @@ class CubeTiling:
 
         full, tail = divmod(p.batch * cdiv(p.m, bm) * cdiv(p.n, bn), aic.count)
         return full * wave(aic.count) + (wave(tail) if tail else 0.0) + out
+
+
+def _route(pipe, path: str, dtype: str) -> float:
+    """Bytes per cycle of a pipe on a path, for a dtype where the chip gives one (the engine's lookup)."""
+    return pipe.routes.get(f"{path}:{dtype}", pipe.routes.get(path, pipe.bytes_per_cycle))
 
 
 def _base_k(buf, bm: int, bn: int, eb: float, fk: int, k: int, qblock: int) -> int:
