@@ -143,6 +143,9 @@ def _check_plan(cfg: ModelConfig, pl: Plan, system: System) -> None:
         if cfg.intermediate_size and cfg.intermediate_size % inst.dense_tp:
             raise NpusimError(f"{inst.dense_tp} does not divide intermediate_size ({cfg.intermediate_size})",
                               file=where, field=f"{role}.dense_tp")
+    if cfg.is_v4 and pl.prefill_attention.kernel != "sparse":
+        raise NpusimError(f"{cfg.name} has no MHA-mode prefill (V4 attention has one form); use sparse", file=where,
+                          field="prefill_attention.kernel")
     if pl.ranks > system.ranks:
         raise NpusimError(f"the plan needs {pl.ranks} ranks but {system.name} has {system.ranks}", file=where,
                           field="ranks")

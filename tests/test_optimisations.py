@@ -12,7 +12,7 @@ from npusim.parallel.shard import shard
 from npusim.parallel.step import layer_time
 from npusim.results.energy import full_load_power
 from npusim.spec.chip import CHIPS, load_chip
-from npusim.spec.plan import Fusion, KernelOptions
+from npusim.spec.plan import Fusion, KernelOptions, PrefillAttention
 
 SMALL = dict(hw="cloudmatrix384", model="deepseek-v3.2-exp", plan="v32-a3-pd-a17", input=8192, output=128, batch=128)
 
@@ -93,6 +93,39 @@ def test_chunked_prefill_attends_to_the_cached_prefix():
                           if t.kind == "lightning_indexer")
     assert pairs(chunked) == pytest.approx(pairs(one), rel=0.1)
     assert chunked.tpot == one.tpot
+
+
+def _dsa_ops(p) -> dict[str, str]:
+    """Op name -> kernel kind of the prefill's DSA MoE layer (the last chunk's when chunked)."""
+    return {t.op: t.kind for lt in p.prefill.layers if lt.name.endswith("dsa-moe") for t in lt.ops}
+
+
+def test_dense_prefill_below_topk_skips_the_indexer_scoring():
+    no_cp = {"plan.prefill.attention.cp": "1", "plan.prefill.attention.dp": "64"}
+    sparse, dense = (predict(**{**SMALL, "input": 1024}, overrides={**no_cp, "plan.prefill_attention.kernel": k})
+                     for k in ("sparse", "dense"))
+    s, d = _dsa_ops(sparse), _dsa_ops(dense)
+    assert s["attention"] == "sparse_flash_attention" and "lightning_indexer" in s
+    assert d["attention"] == "flash_attention" and "kv_b_proj" in d
+    assert not {"lightning_indexer", "idx_q_b_proj", "idx_weights_proj"} & d.keys()
+    assert {"idx_k_proj", "indexer_cache_update"} <= d.keys()  # decode still needs the indexer's keys
+    assert dense.ttft < sparse.ttft and dense.tpot == sparse.tpot
+    long = predict(**{**SMALL, "input": 65536}, overrides={"plan.prefill_attention.kernel": "auto"})
+    assert "lightning_indexer" in _dsa_ops(long)
+
+
+def test_dense_prefill_threshold_counts_the_cached_prefix(setup):
+    plan = dataclasses.replace(setup.plan, prefill_attention=PrefillAttention(kernel="auto"))
+    kinds = [next(o.kind for lay in shard(setup.model, plan, "prefill", batch=1, length=1024, quant=setup.quant,
+                                          cached=cached).layers for o in lay.ops if o.name == "attention")
+             for cached in (0, 1024)]
+    assert kinds == ["flash_attention", "sparse_flash_attention"]
+    # under CP every rank up-projects the keys of the whole gathered prompt, not only its own tokens
+    step = shard(setup.model, plan, "prefill", batch=1, length=1024, quant=setup.quant)
+    ops = {o.name: o for lay in step.layers if lay.name == "dsa-moe" for o in lay.ops}
+    assert ops["kv_b_proj"].shape["m"] == 1024 and ops["attention"].shape["tokens"] == 1024 // 64
+    with pytest.raises(NpusimError, match="prefill_attention.kernel.*'flash' is not allowed"):
+        load_setup(overrides={"plan.prefill_attention.kernel": "flash"})
 
 
 def test_ring_cp_overlaps_the_kv_exchange():

@@ -1,7 +1,8 @@
 """(model, phase, batch, lengths, MTP, quantisation) -> ModelGraph: the ops of every layer type, in order.
 
 V3 / V3.2 (models.md §1): MLA prolog, DSA indexer (V3.2), attention in absorbed (MQA) form — sparse over the top-k
-for V3.2, dense for V3.1 decode, naive MHA for V3.1 prefill as production serves it — then dense FFN or MoE.
+for V3.2, dense for V3.1 decode, naive MHA for V3.1 prefill as production serves it (and for a V3.2 prefill on
+request: `dense_prefill`) — then dense FFN or MoE.
 V4 (§2): mHC pre/post around each sublayer, shared-KV MQA with the sink and grouped low-rank output, Compressor and
 indexer per compress ratio, MoE with sqrt-softplus gate (hash-routed first layers) and clamped SwiGLU.
 """
@@ -38,7 +39,8 @@ class _Layers:
         return gemm(name, self.t if m is None else m, k, n, w, self.quant.activation_for(w), batch=batch, kind=kind)
 
     # ------------------------------------------------------------------ DeepSeek-V3 / V3.2
-    def mla(self, prefill: bool) -> list[Op]:
+    def mla(self, mha: bool) -> list[Op]:
+        """MLA with, for V3.2, the DSA indexer: in MHA mode (dense prefill) over up-projected keys, else absorbed."""
         m, t, q = self.m, self.t, self.q
         h, nh, ql, rope_d = m.hidden_size, m.num_attention_heads, m.q_lora_rank, m.qk_rope_head_dim
         nope, v, kvl = m.qk_nope_head_dim, m.v_head_dim, m.kv_lora_rank
@@ -48,24 +50,29 @@ class _Layers:
                rope("rope", t, nh + 1, rope_d),
                cache_store("kv_cache_update", t, kvl + rope_d, self.kv_row, self.quant.kv_cache)]
         if m.has_indexer:
-            ops += self.dsa_indexer()
-        if prefill and not m.has_indexer:
+            ops += self.dsa_indexer(select=not mha)
+        if mha:
             ops += self.mha_prefill()
         else:
             ops += [self.linear("q_absorb", nope, kvl, "attention", batch=nh), self.mla_attention(),
                     self.linear("o_absorb", kvl, v, "attention", batch=nh)]
         return ops + [self.linear("o_proj", nh * v, h, "attention")]
 
-    def dsa_indexer(self) -> list[Op]:
-        """Indexer prolog (wq_b, wk, LayerNorm, RoPE, Hadamard, quantisation, weights_proj) and the Lightning Indexer."""
+    def dsa_indexer(self, select: bool) -> list[Op]:
+        """Indexer prolog (wq_b, wk, LayerNorm, RoPE, Hadamard, quantisation, weights_proj) and the Lightning Indexer.
+        Without `select` (an MHA-mode prefill attends to every earlier token) only the key path runs: it fills the
+        indexer cache that decode scores."""
         m, t = self.m, self.t
         ih, idim = m.index_n_heads, m.index_head_dim
-        return [self.linear("idx_q_b_proj", m.q_lora_rank, ih * idim, "indexer"),
-                self.linear("idx_k_proj", m.hidden_size, idim, "indexer"),
-                norm("idx_k_norm", t, idim, kind="layernorm"), rope("idx_rope", t, ih + 1, m.qk_rope_head_dim),
-                self.hadamard(ih + 1), *self.index_quant(ih),
-                self.linear("idx_weights_proj", m.hidden_size, ih, None),
-                cache_store("indexer_cache_update", t, idim, self.idx_row, self.quant.indexer_cache),
+        heads = ih if select else 0  # query heads roped and rotated beside the one key head
+        key_path = [self.linear("idx_k_proj", m.hidden_size, idim, "indexer"),
+                    norm("idx_k_norm", t, idim, kind="layernorm"),
+                    rope("idx_rope", t, heads + 1, m.qk_rope_head_dim), self.hadamard(heads + 1)]
+        store = cache_store("indexer_cache_update", t, idim, self.idx_row, self.quant.indexer_cache)
+        if not select:
+            return key_path + [store]
+        return [self.linear("idx_q_b_proj", m.q_lora_rank, ih * idim, "indexer"), *key_path, *self.index_quant(ih),
+                self.linear("idx_weights_proj", m.hidden_size, ih, None), store,
                 self.lightning_indexer(self.q.pairs(), self.q.last, ratio=1)]
 
     def hadamard(self, vectors: int) -> Op:
@@ -110,16 +117,18 @@ class _Layers:
                   bytes_written=BF16.bytes_for(t * nh * kvl))
 
     def mha_prefill(self) -> list[Op]:
-        """Dense prefill in MHA mode: up-project the prompt's latents with kv_b, then causal flash attention."""
+        """Dense prefill in MHA mode: up-project the latents of every key the step sees (a cached prefix's too) with
+        kv_b, then causal flash attention."""
         m, q, t = self.m, self.q, self.t
         nh, nope, v, rope_d = m.num_attention_heads, m.qk_nope_head_dim, m.v_head_dim, m.qk_rope_head_dim
         d_qk = nope + rope_d
-        pairs = q.pairs()
+        pairs, keys = q.pairs(), q.batch * q.last
         attn = Op(name="attention", kind="flash_attention", unit="cube",
                   shape={"tokens": t, "heads": nh, "d_qk": d_qk, "d_v": v, "keys": q.last, "pairs": pairs},
                   dtypes={"q": BF16.dtype, "kv": BF16.dtype, "out": BF16.dtype}, flops=2.0 * pairs * nh * (d_qk + v),
-                  bytes_read=BF16.bytes_for(t * nh * (2 * d_qk + v)), bytes_written=BF16.bytes_for(t * nh * v))
-        return [self.linear("kv_b_proj", m.kv_lora_rank, nh * (nope + v), "attention"), attn]
+                  bytes_read=BF16.bytes_for(t * nh * d_qk + keys * nh * (d_qk + v)),
+                  bytes_written=BF16.bytes_for(t * nh * v))
+        return [self.linear("kv_b_proj", m.kv_lora_rank, nh * (nope + v), "attention", m=keys), attn]
 
     # ------------------------------------------------------------------ FFN (both families)
     def ffn(self, layer: int) -> list[Op]:
@@ -217,11 +226,12 @@ class _Layers:
                       self.linear("o_b_proj", m.o_groups * m.o_lora_rank, h, "attention"),
                       self.mhc_post("mhc_post_attn")]
 
-    def decoder(self, layer: int, prefill: bool) -> list[Op]:
+    def decoder(self, layer: int, mha: bool) -> list[Op]:
+        """One decoder layer; `mha` selects MLA's MHA-mode (dense prefill) attention (V4 has one form)."""
         if self.m.is_v4:
             return (self.v4_attention(layer) + [self.mhc_pre("mhc_pre_ffn")] + self.ffn(layer)
                     + [self.mhc_post("mhc_post_ffn")])
-        return self.mla(prefill) + self.ffn(layer)
+        return self.mla(mha) + self.ffn(layer)
 
     # ------------------------------------------------------------------ ends of the model
     def embedding(self) -> Op:
@@ -239,7 +249,7 @@ class _Layers:
         return ops + [norm("final_norm", tokens, m.hidden_size),
                       self.linear("lm_head", m.hidden_size, m.vocab_size, "lm_head", m=tokens)]
 
-    def mtp(self, layer: int, prefill: bool, head_tokens: int) -> list[Op]:
+    def mtp(self, layer: int, mha: bool, head_tokens: int) -> list[Op]:
         """MTP block: embed the next token, mix with the hidden state, one decoder layer, shared head."""
         m, t, h = self.m, self.t, self.m.hidden_size
         if m.is_v4:
@@ -247,7 +257,7 @@ class _Layers:
         else:
             mix = [self.linear("eh_proj", 2 * h, h, "attention")]
         return ([self.embedding(), norm("enorm", t, h), norm("hnorm", t, h), *mix]
-                + self.decoder(layer, prefill) + self.head(head_tokens))
+                + self.decoder(layer, mha) + self.head(head_tokens))
 
 
 def _check(model: ModelConfig, phase: str, batch: int, length: int, mtp_tokens: int) -> None:
@@ -266,15 +276,18 @@ def _check(model: ModelConfig, phase: str, batch: int, length: int, mtp_tokens: 
 
 
 def build_graph(model: ModelConfig, phase: str, batch: int, length: int, *, mtp_tokens: int = 0,
-                quant: str | QuantScheme | None = None, cached: int = 0) -> ModelGraph:
+                quant: str | QuantScheme | None = None, cached: int = 0, dense_prefill: bool = False) -> ModelGraph:
     """The op graph of one prefill (`length` = prompt tokens per sequence computed now, on top of `cached` already in
     each sequence's cache: a prefix-cache hit or earlier chunks) or one decode step (`length` = context: keys the
-    first new token sees, itself included; with MTP, 1 + mtp_tokens queries per sequence)."""
+    first new token sees, itself included; with MTP, 1 + mtp_tokens queries per sequence). `dense_prefill` builds a
+    V3.2 prefill in MHA mode as V3.1's (kv_b up-projection, causal flash attention), the indexer only writing its key
+    cache, instead of Lightning Indexer + sparse attention (models.md §1.4)."""
     _check(model, phase, batch, length + cached, mtp_tokens)
     if cached < 0 or (cached and phase != "prefill"):
         raise NpusimError(f"cached tokens are a prefill quantity >= 0, got {cached} for {phase}", field="cached")
     scheme = quant if isinstance(quant, QuantScheme) else get_quant(quant or model.default_quant)
     prefill = phase == "prefill"
+    mha = prefill and (dense_prefill or not model.has_indexer)
     q = Queries(batch=batch, first=cached + 1, per_seq=length) if prefill else \
         Queries(batch=batch, first=length, per_seq=1 + mtp_tokens)
     f = _Layers(model, scheme, q)
@@ -284,13 +297,13 @@ def build_graph(model: ModelConfig, phase: str, batch: int, length: int, *, mtp_
         groups.setdefault(_layer_key(model, layer), []).append(layer)
     layers = [LayerGraph(name="embedding", ops=(f.embedding(),))]
     for key, members in groups.items():
-        layers.append(LayerGraph(name=key, ops=tuple(f.decoder(members[0], prefill)), layers=tuple(members),
+        layers.append(LayerGraph(name=key, ops=tuple(f.decoder(members[0], mha)), layers=tuple(members),
                                  repeat=len(members)))
     layers.append(LayerGraph(name="lm_head", ops=tuple(f.head(head_tokens))))
     if mtp_tokens:
         mtp_layer = model.num_hidden_layers
         if prefill:
-            ops = f.mtp(mtp_layer, prefill, head_tokens)  # fills the MTP layer's cache over the whole prompt
+            ops = f.mtp(mtp_layer, mha, head_tokens)  # fills the MTP layer's cache over the whole prompt
             repeat = 1
         else:
             ops = _Layers(model, scheme, Queries(batch=batch, first=length, per_seq=1)).mtp(mtp_layer, False, batch)

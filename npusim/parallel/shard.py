@@ -5,7 +5,8 @@ The graph builder gives the ops of a step for a batch. A rank under the plan see
   balances the causal work, so every token-proportional quantity divides by cp); heads split by attention TP;
 - o_proj, dense FFN, LM head and embedding: tokens gathered from their TP group, weights split across it;
 - routed experts: the rank's experts ((routed + redundant) / ep) fed with its tokens' top-k rows times the routing
-  imbalance (busiest rank / mean), weights read once per touched expert.
+  imbalance (busiest rank / mean), weights read once per touched expert;
+- kv_b_proj of an MHA-mode prefill: every key the rank attends to, under CP the whole gathered sequence.
 Collectives are placed between the op that produces their input and the op that consumes their output.
 """
 
@@ -31,6 +32,7 @@ HEAD = ("lm_head",)
 EMBED = ("embedding",)
 TOKEN_KEYS = ("m", "tokens", "rows", "pairs")
 SIDE_STREAM_OPS = ("shared_gate_up", "shared_swiglu", "shared_down")
+ALL_KEYS = ("kv_b_proj",)  # up-projects every key the rank attends to: under CP the whole gathered sequence
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,8 @@ def shard_op(op: Op, inst: Instance, model: ModelConfig, plan: Plan, token_scale
         return _scale_op(op, tokens=token_scale, weights=1.0 / inst.embed_tp)
     if op.name in SIDE_STREAM_OPS or op.name in ("moe_gate", "moe_combine"):
         return _scale_op(op, tokens=token_scale, weights=1.0)
+    if op.name in ALL_KEYS:
+        return _scale_op(op, tokens=1.0 / a.tp, weights=1.0 / a.tp)
     # attention side: tokens by DP/CP share, heads split by attention TP (head-parallel approximation)
     return _scale_op(op, tokens=token_scale / a.tp, weights=1.0 / a.tp)
 
@@ -142,10 +146,10 @@ def _comms(name: str, ops: tuple[Op, ...], inst: Instance, model: ModelConfig, q
             out.append(Comm(name, Collective(kind, size, group), after, before))
 
     if phase == "prefill" and a.cp > 1 and "attention" in names:
-        row = accounting.kv_row_bytes(model, quant) + (
-            accounting.indexer_row_bytes(model, quant) if model.has_indexer else 0.0)
+        row = accounting.kv_row_bytes(model, quant) + (  # indexer keys only where a rank scores them
+            accounting.indexer_row_bytes(model, quant) if "lightning_indexer" in names else 0.0)
         kv_bytes = seq_tokens * row  # the whole sequence's new cache rows, gathered on every rank
-        consumer = next(n for n in ("lightning_indexer", "attention") if n in names)
+        consumer = next(n for n in ("lightning_indexer", "kv_b_proj", "attention") if n in names)
         producer = next(n for n in ("indexer_cache_update", "kv_compressor", "kv_cache_update") if n in names)
         if a.cp_mode == "allgather":
             add("cp_kv_allgather", "all_gather", kv_bytes, a.cp, producer, consumer)
@@ -209,7 +213,9 @@ def shard(model: ModelConfig, plan: Plan, phase: str, *, batch: int, length: int
                           file=plan.provenance.file if plan.provenance else None, field="decode.attention.cp")
     per_replica = math.ceil(batch / replicas)
     mtp = plan.mtp.depth
-    graph = build_graph(model, phase, per_replica, length, mtp_tokens=mtp, quant=quant, cached=cached)
+    dense = phase == "prefill" and plan.prefill_attention.dense(cached + length)
+    graph = build_graph(model, phase, per_replica, length, mtp_tokens=mtp, quant=quant, cached=cached,
+                        dense_prefill=dense)
     token_scale = 1.0 / a.cp if phase == "prefill" else 1.0
     tokens = graph.scenario["tokens"] * token_scale
     seq_tokens = graph.scenario["tokens"]

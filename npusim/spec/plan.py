@@ -14,6 +14,7 @@ from npusim.spec.catalog import Catalog, Provenance
 from npusim.spec.schema import count, flag, internal, quantity, text
 
 CP_MODES = ("allgather", "ring")
+PREFILL_KERNELS = ("sparse", "dense", "auto")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,6 +129,24 @@ class Fusion:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PrefillAttention:
+    """Attention kernel of a DSA (V3.2) prefill (models.md §1.4). Below index_topk keys the indexer selects every
+    earlier token, so its scoring is wasted: DeepSeek's service runs short prefills in masked MHA mode, SGLang plain MHA
+    below 2048 tokens, Huawei sparse (SFA) at every length. Models without an indexer always prefill dense."""
+
+    kernel: str = text(default="sparse", choices=PREFILL_KERNELS,
+                       doc="sparse: Lightning Indexer + sparse flash attention; dense: MHA mode as V3.1 (kv_b "
+                           "up-projection + causal flash attention), the indexer only writing its key cache; auto: "
+                           "dense below dense_below keys, sparse from there")
+    dense_below: int = count(default=2048, doc="auto: a prefill step whose keys (its tokens plus the cached prefix) "
+                                                "are fewer than this runs dense")
+
+    def dense(self, keys: int) -> bool:
+        """Whether a prefill step whose last query sees `keys` keys runs in MHA mode."""
+        return self.kernel == "dense" or (self.kernel == "auto" and keys < self.dense_below)
+
+
+@dataclass(frozen=True, kw_only=True)
 class KvOffload:
     """Decode KV cache held in host memory; each step gathers the rows the indexer selects over the host link."""
 
@@ -150,6 +169,7 @@ class Plan:
     prefill_chunk: int = count(default=0, minimum=0,
                                doc="chunked prefill: prompt tokens per chunk, each attending to the cached prefix "
                                    "(0 = the whole prompt at once)")
+    prefill_attention: PrefillAttention = PrefillAttention()
     kv_offload: KvOffload = KvOffload()
     comm_buffer: float = quantity("bytes", default=200 * 2**20,
                                   doc="HCCL buffer per communication group (HCCL_BUFFSIZE default 200 MB)")
