@@ -11,7 +11,7 @@ from npusim.functional.executor import execute
 from npusim.functional.numerics import rnd
 from npusim.functional.verify import _selection
 from npusim.kernels.attention import SparseFlashAttention
-from npusim.kernels.trace import Group, Loop, Program
+from npusim.kernels.trace import Loop, Program
 from npusim.spec.chip import load_chip
 
 RNG = np.random.default_rng(11)

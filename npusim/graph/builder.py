@@ -41,7 +41,7 @@ class _Layers:
     # ------------------------------------------------------------------ DeepSeek-V3 / V3.2
     def mla(self, mha: bool) -> list[Op]:
         """MLA with, for V3.2, the DSA indexer: in MHA mode (dense prefill) over up-projected keys, else absorbed."""
-        m, t, q = self.m, self.t, self.q
+        m, t = self.m, self.t
         h, nh, ql, rope_d = m.hidden_size, m.num_attention_heads, m.q_lora_rank, m.qk_rope_head_dim
         nope, v, kvl = m.qk_nope_head_dim, m.v_head_dim, m.kv_lora_rank
         ops = [norm("attn_norm", t, h), self.linear("q_a_proj", h, ql, "attention"), norm("q_norm", t, ql),
@@ -140,7 +140,7 @@ class _Layers:
         e, k, inter = m.n_routed_experts, m.num_experts_per_tok, m.moe_intermediate_size
         rows = t * k
         touched = e * (1.0 - (1.0 - k / e) ** t)  # expected distinct experts under uniform routing
-        w, shared = self.quant.routed_experts, self.quant.shared_experts
+        w = self.quant.routed_experts
         hashed = layer < m.num_hash_layers
         gate = self.linear("moe_gate", h, e, None, kind="moe_gate")
         gate = replace(gate, shape=gate.shape | {"topk": k, "hash": int(hashed), "groups": m.n_group})

@@ -19,7 +19,6 @@ The kernels differ only in a query token's key set:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import ClassVar
@@ -239,7 +238,6 @@ class Attention(Kernel):
         reuse = max(0.0, 1 - B * self.kv_rows / self.total_pairs()) if fits else 0.0  # other tokens chose the row
         # head blocks of one token gather the same rows at about the same time: all but the first read hit L2
         hit_gather = 1 - (1 - reuse) / p.hsplit
-        vflops = float(chip.aiv.vector.flop_per_cycle["fp32"])
         # C<->V workspaces (gathered rows, S, P, O~, the running output) are written and read back at once: they
         # stay in the write-back L2 while all cores' workspaces fit in half of it (estimate: the rest caches KV)
         ws = (2 * nbytes(dt, bn, dq) if g else 0) + 2 * R * bn * (4.0 + BYTES_PER_ELEMENT[dt]) + 3 * 4.0 * R * dv

@@ -139,7 +139,7 @@ class LightningIndexer(Kernel):
         return 1 if units >= chip.aic.count else max(1, min(cdiv(self.keys, self.block_n), 4 * chip.aic.count // units))
 
     def layout(self, chip: Chip, tb: int, splits: int) -> Plan:
-        H, D, T, S, bn = self.heads, self.dim, self.tokens, self.keys, self.block_n
+        H, T, S, bn = self.heads, self.tokens, self.keys, self.block_n
         tpc = max(t for t in range(1, 128 // H + 1) if tb % t == 0 and (tb // t >= 2 or tb == 1))
         c_m, nr = tpc * H, tb // tpc
         nq, full = cdiv(T, tb), cdiv(S, bn)

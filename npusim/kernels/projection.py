@@ -163,7 +163,6 @@ class Projected(Kernel):
     # ------------------------------------------------------------------ trace
     def build(self, chip: Chip) -> Trace:
         p = self.plan(chip)
-        T, K, N = self.rows, self.depth, self.cols
         bands: list[Band] = []
         if p.ksplit == 1 and not self.pool:
             bands.append(self.streaming(chip, p))
@@ -251,7 +250,7 @@ class Projected(Kernel):
 
     def split(self, chip: Chip, p: Plan) -> list[Band]:
         """Split K (or, pooling, row blocks) over the cores, partial sums to GM, SyncAll, epilogue on all AIVs."""
-        T, K, N = self.rows, self.depth, self.cols
+        T, N = self.rows, self.cols
         half = cdiv(p.bm, 2)
         head = addr(ks=lin(("blk", 1), mod=p.ksplit), nb=lin(("blk", 1), div=p.ksplit, mod=p.nsplit),
                     rb=lin(("blk", 1), div=p.ksplit * p.nsplit), k0=lin(("ks", p.kr)),

@@ -134,7 +134,6 @@ class Tiled(Kernel):
         T, W = self.tokens, self.wide
         ncol = cdiv(W, bc)
         share = bc / W
-        t0 = lin(("tt", bt))
         c0 = lin(("ct", bc))
 
         def ref(o: Operand, ub: bool) -> Ref:

@@ -66,7 +66,7 @@ class RankStep:
     graph: ModelGraph  # the unsharded graph the rank's ops were cut from
 
 
-def _scale_op(op: Op, *, tokens: float = 1.0, n_div: int = 1, k_div: int = 1, weights: float | None = None) -> Op:
+def scale_op(op: Op, *, tokens: float = 1.0, n_div: int = 1, k_div: int = 1, weights: float | None = None) -> Op:
     """The op with its token dimension scaled and its n / k dimensions split (weights scale as 1/(n_div k_div))."""
     w_scale = 1.0 / (n_div * k_div) if weights is None else weights
     shape = dict(op.shape)
@@ -95,7 +95,7 @@ def _routed(op: Op, tokens: float, inst: Instance, model: ModelConfig, plan: Pla
     local = math.ceil((model.n_routed_experts + plan.eplb.redundant_experts) / inst.moe.ep)
     hit = _touched(local, rows)
     per_expert = op.weight_bytes / max(op.shape.get("experts", 1), 1)
-    scaled = _scale_op(op, tokens=tokens * plan.eplb.imbalance, n_div=inst.moe.tp if op.name != "experts_down" else 1,
+    scaled = scale_op(op, tokens=tokens * plan.eplb.imbalance, n_div=inst.moe.tp if op.name != "experts_down" else 1,
                        k_div=inst.moe.tp if op.name == "experts_down" else 1, weights=0.0)
     w = per_expert * hit / inst.moe.tp if op.weight_bytes else 0.0
     shape = dict(scaled.shape)
@@ -112,21 +112,21 @@ def shard_op(op: Op, inst: Instance, model: ModelConfig, plan: Plan, token_scale
     if op.name in DENSE_FFN:
         d = inst.dense_tp
         split_k = op.name == "down_proj"
-        return _scale_op(op, tokens=token_scale * d, n_div=1 if split_k else d, k_div=d if split_k else 1)
+        return scale_op(op, tokens=token_scale * d, n_div=1 if split_k else d, k_div=d if split_k else 1)
     if op.name in O_PROJ:
         o = inst.o_proj_tp
-        return _scale_op(op, tokens=token_scale * o, k_div=o)
+        return scale_op(op, tokens=token_scale * o, k_div=o)
     if op.name in HEAD:
         t = inst.lm_head_tp
-        return _scale_op(op, tokens=token_scale * t, n_div=t)
+        return scale_op(op, tokens=token_scale * t, n_div=t)
     if op.name in EMBED:
-        return _scale_op(op, tokens=token_scale, weights=1.0 / inst.embed_tp)
+        return scale_op(op, tokens=token_scale, weights=1.0 / inst.embed_tp)
     if op.name in SIDE_STREAM_OPS or op.name in ("moe_gate", "moe_combine"):
-        return _scale_op(op, tokens=token_scale, weights=1.0)
+        return scale_op(op, tokens=token_scale, weights=1.0)
     if op.name in ALL_KEYS:
-        return _scale_op(op, tokens=1.0 / a.tp, weights=1.0 / a.tp)
+        return scale_op(op, tokens=1.0 / a.tp, weights=1.0 / a.tp)
     # attention side: tokens by DP/CP share, heads split by attention TP (head-parallel approximation)
-    return _scale_op(op, tokens=token_scale / a.tp, weights=1.0 / a.tp)
+    return scale_op(op, tokens=token_scale / a.tp, weights=1.0 / a.tp)
 
 
 def _act_bytes(quant: QuantScheme) -> float:

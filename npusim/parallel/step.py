@@ -15,14 +15,13 @@ attention overlaps the other's MoE; with KV offload, a `host` stream gathers the
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 from npusim.engine.streams import Task, Timeline, run_streams
-from npusim.parallel.collectives import CommResult, collective_time
+from npusim.parallel.collectives import Collective, CommResult, collective_time
 from npusim.parallel.fusion import Placement, placements, unfused_topk
 from npusim.parallel.optime import ATTENTION, Activity, OpRun, OpTime, kernel_name, op_time
-from npusim.parallel.shard import SIDE_STREAM_OPS, RankLayer, RankStep
+from npusim.parallel.shard import SIDE_STREAM_OPS, RankLayer, RankStep, scale_op
 from npusim.spec.plan import Plan
 from npusim.spec.system import System
 
@@ -49,30 +48,34 @@ class StepTime:
     time: float
     layers: tuple[LayerTime, ...]
 
+    def _total(self, attr: str) -> float:
+        """A per-layer figure summed over the step (every layer type times its repeats)."""
+        return sum(getattr(lt, attr) * lt.repeat for lt in self.layers)
+
     @property
     def compute(self) -> float:
-        return sum(lt.compute * lt.repeat for lt in self.layers)
+        return self._total("compute")
 
     @property
     def comm(self) -> float:
-        return sum(lt.comm * lt.repeat for lt in self.layers)
+        return self._total("comm")
 
     @property
     def exposed_comm(self) -> float:
-        return sum(lt.exposed_comm * lt.repeat for lt in self.layers)
+        return self._total("exposed_comm")
+
+    @property
+    def link_bytes(self) -> float:
+        return self._total("link_bytes")
+
+    @property
+    def host_bytes(self) -> float:
+        return self._total("host_bytes")
 
     @property
     def activity(self) -> Activity:
         """Work of the whole step on one rank (every layer times its repeats)."""
         return add_activity((lt.activity, lt.repeat) for lt in self.layers)
-
-    @property
-    def link_bytes(self) -> float:
-        return sum(lt.link_bytes * lt.repeat for lt in self.layers)
-
-    @property
-    def host_bytes(self) -> float:
-        return sum(lt.host_bytes * lt.repeat for lt in self.layers)
 
 
 def add_activity(parts) -> Activity:
@@ -87,9 +90,7 @@ def add_activity(parts) -> Activity:
 
 def _halve(layer: RankLayer) -> RankLayer:
     """One of two microbatches: every token-proportional quantity halved (weights still read in full)."""
-    from npusim.parallel.shard import _scale_op  # the same scaling the sharding uses
-
-    ops = tuple(_scale_op(op, tokens=0.5, weights=1.0) for op in layer.ops)
+    ops = tuple(scale_op(op, tokens=0.5, weights=1.0) for op in layer.ops)
     comms = tuple(dataclasses.replace(c, collective=dataclasses.replace(c.collective, bytes=c.collective.bytes / 2))
                   for c in layer.comms)
     return RankLayer(layer.name, ops, comms, layer.repeat, layer.host_bytes / 2)
@@ -241,8 +242,7 @@ def step_time(step: RankStep, plan: Plan, system: System) -> StepTime:
 
 
 def _p2p(step: RankStep, system: System) -> float:
-    from npusim.parallel.collectives import Collective
-
+    """One microbatch's hidden states from a pipeline stage to the next, whose ranks are a stage's width apart."""
     h = step.graph.layers[0].ops[0].shape.get("hidden", 0)
     size = step.tokens * h * 2 / max(1, step.instance.microbatches)
-    return collective_time(Collective("p2p", size, 2, stride=max(1, math.ceil(system.ranks / 2) // 2)), system).time
+    return collective_time(Collective("p2p", size, 2, stride=step.instance.stage_ranks), system).time
