@@ -12,6 +12,8 @@ identical transfers issued at the same instant by the n copies; it takes n share
 
 from __future__ import annotations
 
+import math
+from bisect import insort
 from typing import Callable
 
 import simpy
@@ -31,6 +33,10 @@ class Flow:
         self.done = done
 
 
+def _cap(flow: Flow) -> float:
+    return flow.cap
+
+
 class FluidServer:
     """A bandwidth shared by the flows active at each instant (weighted max-min fair, each flow capped)."""
 
@@ -38,16 +44,22 @@ class FluidServer:
         self.env = env
         self.name = name
         self.bandwidth = bandwidth
-        self.flows: list[Flow] = []
+        self.flows: list[Flow] = []  # in order of arrival
+        self.order: list[Flow] = []  # the same, by cap
+        self.weight = 0  # sum of the flows' weights
         self.stamp = 0.0  # time up to which `remaining` is accounted
         self.moved = 0.0  # bytes, all copies
         self.busy = 0.0  # seconds with at least one active flow
         self._wake: simpy.Event | None = None
+        self._wake_at = math.inf  # when the pending wake-up fires
+        self._due = math.inf  # when the first active flow completes
 
     def start(self, flow: Flow) -> None:
         self._advance()
         self.moved += flow.remaining * flow.weight
         self.flows.append(flow)
+        insort(self.order, flow, key=_cap)  # after equal caps: the order a stable sort of `flows` would give
+        self.weight += flow.weight
         self._reschedule()
 
     def _advance(self) -> None:
@@ -59,38 +71,50 @@ class FluidServer:
                 f.remaining -= f.rate * dt
         self.stamp = now
 
-    def _allocate(self) -> None:
-        """Water-filling: flows below the fair level keep their cap, the rest share what is left equally."""
-        left = self.bandwidth
-        weight = sum(f.weight for f in self.flows)
-        for f in sorted(self.flows, key=lambda f: f.cap):
+    def _reschedule(self) -> None:
+        """Water-filling (flows below the fair level keep their cap, the rest share what is left equally), then a
+        wake-up at the first completion. A wake-up already due no later is kept: when it fires early the server just
+        looks again (a new flow only slows the others, so this spares most superseded events)."""
+        if not self.flows:
+            self._due = math.inf
+            return
+        left, weight, first = self.bandwidth, self.weight, math.inf
+        for f in self.order:
             level = left / weight
             if f.cap <= level:
-                f.rate = f.cap
-                left -= f.cap * f.weight
+                f.rate = rate = f.cap
+                left -= rate * f.weight
                 weight -= f.weight
             else:
-                f.rate = level
-
-    def _reschedule(self) -> None:
+                f.rate = rate = level
+            t = f.remaining / rate
+            if t < first:
+                first = t
+        now = self.env.now
+        self._due = now + max(first, 0.0)
         if self._wake is not None:
+            if self._wake_at <= self._due:
+                return
             self._wake.callbacks.remove(self._on_wake)  # superseded: the event still fires, but does nothing
-            self._wake = None
-        if not self.flows:
-            return
-        self._allocate()
-        dt = min(f.remaining / f.rate for f in self.flows)
-        self._wake = self.env.timeout(max(dt, 0.0))
+        self._wake_at = self._due
+        self._wake = self.env.timeout(self._due - now)
         self._wake.callbacks.append(self._on_wake)
 
     def _on_wake(self, _event) -> None:
         self._wake = None
         self._advance()
+        if self.env.now < self._due:  # an early wake-up kept by _reschedule: look again at the real due time
+            self._wake_at = self._due
+            self._wake = self.env.timeout(self._due - self.env.now)
+            self._wake.callbacks.append(self._on_wake)
+            return
         finished = [f for f in self.flows if f.remaining <= f.rate * 1e-15 + 1e-9]  # within a femtosecond
         if not finished:  # float round-off left a sliver: finish the nearest one
             finished = [min(self.flows, key=lambda f: f.remaining / f.rate)]
         for f in finished:
             self.flows.remove(f)
+            self.order.remove(f)
+            self.weight -= f.weight
         self._reschedule()
         for f in finished:
             f.done()
@@ -101,5 +125,7 @@ class FluidServer:
         return tuple((f.owner, f.cap, f.weight) for f in self.flows), [f.remaining for f in self.flows]
 
     def shift(self, dt: float) -> None:
-        """The whole chip jumped `dt` ahead in a periodic state: only the clock stamp moves."""
+        """The whole chip jumped `dt` ahead in a periodic state: only the clock stamps move."""
         self.stamp += dt
+        self._due += dt
+        self._wake_at += dt

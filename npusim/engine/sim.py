@@ -123,9 +123,7 @@ class Op:
     sets: tuple[tuple[Flag, float], ...]  # (flag, visibility delay)
     latency: float  # start-up seconds, hidden behind the previous instruction of the pipe when issued back to back
     work: float  # seconds of on-core work (besides shared-server transfers)
-    hbm: float  # bytes through the HBM server (per copy)
-    l2: float  # bytes through the L2 server (per copy)
-    cap: float  # per-core byte rate of the pipe for GM transfers
+    flows: tuple[tuple[FluidServer, float, float], ...]  # GM transfers: (server, bytes per copy, per-core cap)
     barrier: bool = False  # sync_all: wait for every core before raising the sets
 
 
@@ -176,63 +174,69 @@ class Runner:
 
     def process(self):
         sim, env, stack = self.sim, self.sim.env, self.stack
+        timeout, new_event, transfer, spans = env.timeout, env.event, sim.transfer, sim.spans
         while stack:
             frame = stack[-1]
             body = frame.loop.body
-            if frame.pos == len(body):
-                frame.iter += 1
-                if frame.iter < frame.loop.count:
-                    frame.pos = 0
-                    sim.on_iteration(self, frame)
-                else:
-                    stack.pop()
-                    if stack:
-                        stack[-1].pos += 1
-                continue
-            node = body[frame.pos]
-            if isinstance(node, CLoop):
-                inner = Frame(node, sim.next_serial())
+            end = len(body)
+            while frame.pos < end:
+                node = body[frame.pos]
+                if node.__class__ is CLoop:
+                    break
+                latency = node.latency - self.lead
+                if latency < 0.0:
+                    latency = 0.0
+                for flag in node.waits:
+                    if flag.count:
+                        flag.count -= 1
+                    else:
+                        event = new_event()
+                        flag.waiters.append((self, event))
+                        self.act, self.flag = WAITING, flag
+                        yield event
+                        self.flag = None
+                        latency = node.latency
+                self.start = now = env.now
+                fixed = latency + node.work
+                if fixed:
+                    self.act, self.end = RUNNING, now + fixed
+                    yield timeout(fixed)
+                if node.flows:
+                    self.act = TRANSFER
+                    yield transfer(self, node)
+                self.act = IDLE
+                start, now = self.start, env.now  # (a steady-state jump may have moved the start)
+                self.lead = now - start - latency
+                self.busy += now - start
+                self.ops += 1
+                if spans is not None:
+                    spans.append((self.index, node.name, start, now))
+                if node.barrier:
+                    event = new_event()
+                    self.act = WAITING
+                    sim.barrier.arrive(self.weight, event)
+                    yield event
+                    self.act = IDLE
+                for flag, delay in node.sets:
+                    if delay:
+                        self.sync += delay
+                        sim.raise_later(flag, delay)
+                    else:
+                        flag.release()
+                frame.pos += 1
+            if frame.pos < end:  # a loop: enter it
+                inner = Frame(body[frame.pos], sim.next_serial())
                 stack.append(inner)
                 sim.on_iteration(self, inner)
                 continue
-            latency = max(0.0, node.latency - self.lead)
-            for flag in node.waits:
-                if flag.count:
-                    flag.count -= 1
-                else:
-                    event = env.event()
-                    flag.waiters.append((self, event))
-                    self.act, self.flag = WAITING, flag
-                    yield event
-                    self.flag = None
-                    latency = node.latency
-            self.start = env.now
-            fixed = latency + node.work
-            if fixed:
-                self.act, self.end = RUNNING, self.start + fixed
-                yield env.timeout(fixed)
-            if node.hbm or node.l2:
-                self.act = TRANSFER
-                yield sim.transfer(self, node)
-            self.act = IDLE
-            self.lead = env.now - self.start - latency
-            self.busy += env.now - self.start
-            self.ops += 1
-            if sim.spans is not None:
-                sim.spans.append((self.index, node.name, self.start, env.now))
-            if node.barrier:
-                event = env.event()
-                self.act = WAITING
-                sim.barrier.arrive(self.weight, event)
-                yield event
-                self.act = IDLE
-            for flag, delay in node.sets:
-                if delay:
-                    self.sync += delay
-                    sim.raise_later(flag, delay)
-                else:
-                    flag.release()
-            frame.pos += 1
+            frame.iter += 1
+            if frame.iter < frame.loop.count:
+                frame.pos = 0
+                sim.on_iteration(self, frame)
+            else:
+                stack.pop()
+                if stack:
+                    stack[-1].pos += 1
         self.act = DONE
         if self.unbarred and sim.barrier is not None:
             sim.barrier.finished(self.weight)
@@ -297,12 +301,16 @@ class Simulation:
     def _build_group(self, g: int, group) -> None:
         programs = group.programs
         cores = [p.core if p.core == "aic" else f"aiv{i - (1 if group.aic else 0)}" for i, p in enumerate(programs)]
-        names = sorted({f for p in programs for ins in _instrs(p.body) for f in ins.wait + ins.set}
-                       | set(group.flags))
+        waiters: dict[str, set[str]] = {n: set() for n in group.flags}  # flag -> the cores that wait on it
+        for core, prog in zip(cores, programs):
+            for ins in _instrs(prog.body):
+                for n in ins.set:
+                    waiters.setdefault(n, set())
+                for n in ins.wait:
+                    waiters.setdefault(n, set()).add(core)
+        names = sorted(waiters)
         flags = {n: Flag(n, len(self.flags) + i, group.flags.get(n, 0)) for i, n in enumerate(names)}
         self.flags.extend(flags.values())
-        waiters = {n: {c for c, p in zip(cores, programs) for ins in _instrs(p.body) if n in ins.wait}
-                   for n in names}
         sync = self.chip.overheads.cross_core_sync
         for core, prog in zip(cores, programs):
             if prog.core not in CORE_PIPES:
@@ -371,23 +379,28 @@ class Simulation:
             hbm = ins.bytes - l2
         else:
             work = ins.bytes / route
-        return Op(ins.op, waits, sets, spec.latency_cycles / clock, work, hbm, l2, route, ins.op == "sync_all")
+        # the pipe's per-core rate is shared by the op's flows in proportion to their bytes
+        flows = tuple((self.servers[name], size, route * size / (hbm + l2))
+                      for name, size in (("hbm", hbm), ("l2", l2)) if size > 0)
+        return Op(ins.op, waits, sets, spec.latency_cycles / clock, work, flows, ins.op == "sync_all")
 
     # ------------------------------------------------------------------------------------------------ execution
     def transfer(self, runner: Runner, op: Op) -> simpy.Event:
         """Start the op's flows; the returned event fires when the last one finishes."""
         event = self.env.event()
-        parts = [(self.servers[name], size) for name, size in (("hbm", op.hbm), ("l2", op.l2)) if size > 0]
-        left = [len(parts)]
+        if len(op.flows) == 1:
+            server, size, cap = op.flows[0]
+            server.start(Flow(runner.index, size, cap, runner.weight, event.succeed))
+            return event
+        left = [len(op.flows)]
 
         def done():
             left[0] -= 1
             if not left[0]:
                 event.succeed()
 
-        total = op.hbm + op.l2
-        for server, size in parts:
-            server.start(Flow(runner.index, size, op.cap * size / total, runner.weight, done))
+        for server, size, cap in op.flows:
+            server.start(Flow(runner.index, size, cap, runner.weight, done))
         return event
 
     def raise_later(self, flag: Flag, delay: float) -> None:
@@ -530,7 +543,7 @@ def _iterations(loop: CLoop) -> int:
 
 def _free(loop: CLoop) -> bool:
     """A stream that no other pipe waits on and that waits on none, moving no GM data."""
-    return all(not (op.waits or op.sets or op.hbm or op.l2 or op.barrier) for op in _ops(loop))
+    return all(not (op.waits or op.sets or op.flows or op.barrier) for op in _ops(loop))
 
 
 def _closed_form(loop: CLoop) -> tuple[float, int]:
