@@ -64,6 +64,7 @@ from npusim.spec.chip import Chip
 
 HISTORY = 12  # longest period, in loop iterations, that the steady-state check recognises
 TOLERANCE = 1e-6  # relative difference under which two snapshots are the same state
+DRIFT = 1e-5  # relative change of a structural period between two iterations under which it has settled
 
 
 class Flag:
@@ -125,6 +126,8 @@ class Op:
     work: float  # seconds of on-core work (besides shared-server transfers)
     flows: tuple[tuple[FluidServer, float, float], ...]  # GM transfers: (server, bytes per copy, per-core cap)
     barrier: bool = False  # sync_all: wait for every core before raising the sets
+    tail: float = -1.0  # on-core ops: the work behind which the next op's latency hides (else measured)
+    count: int = 1  # instructions it stands for (a chain of on-core ops is run as one, see _chain)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,9 +209,9 @@ class Runner:
                     yield transfer(self, node)
                 self.act = IDLE
                 start, now = self.start, env.now  # (a steady-state jump may have moved the start)
-                self.lead = now - start - latency
+                self.lead = now - start - latency if node.tail < 0.0 else node.tail
                 self.busy += now - start
-                self.ops += 1
+                self.ops += node.count
                 if spans is not None:
                     spans.append((self.index, node.name, start, now))
                 if node.barrier:
@@ -283,6 +286,7 @@ class Simulation:
         self.runners: list[Runner] = []
         self.free: list[Runner] = []  # timed in closed form, not run
         self.history: dict[tuple[int, int], list[Snapshot]] = {}
+        self.alike: dict[tuple[int, int], dict[int, float]] = {}  # per loop: the last iteration's structural periods
         self.events = 0
         self.extrapolated = 0.0
         for g, group in enumerate(trace.groups):
@@ -349,7 +353,11 @@ class Simulation:
                 if body and node.count > 0:
                     out.append(CLoop(node.count, body, next(self._uid)))
             elif node.pipe == pipe:
-                out.append(op_of(node))
+                op = op_of(node)
+                if out and isinstance(out[-1], Op) and self.spans is None and _chains(out[-1], op):
+                    op = _chain(out[-1], op)
+                    out.pop()
+                out.append(op)
         return tuple(out)
 
     def _compile(self, ins: Instr, core: str, waits: tuple[Flag, ...], sets) -> Op:
@@ -382,7 +390,8 @@ class Simulation:
         # the pipe's per-core rate is shared by the op's flows in proportion to their bytes
         flows = tuple((self.servers[name], size, route * size / (hbm + l2))
                       for name, size in (("hbm", hbm), ("l2", l2)) if size > 0)
-        return Op(ins.op, waits, sets, spec.latency_cycles / clock, work, flows, ins.op == "sync_all")
+        return Op(ins.op, waits, sets, spec.latency_cycles / clock, work, flows, ins.op == "sync_all",
+                  -1.0 if flows else work)
 
     # ------------------------------------------------------------------------------------------------ execution
     def transfer(self, runner: Runner, op: Op) -> simpy.Event:
@@ -446,12 +455,22 @@ class Simulation:
         if runner is not self.pacer:
             return
         snap = self._snapshot()
-        history = self.history.setdefault((runner.index, frame.loop.uid), [])
-        for old in reversed(history):
+        loop = (runner.index, frame.loop.uid)
+        history = self.history.setdefault(loop, [])
+        alike = {}  # lag -> (seconds per iteration, old snapshot, periods, moved) of the structural matches
+        for lag, old in enumerate(reversed(history), 1):
             periods, moved = self._periods(old, snap)
             if periods > 0:
+                if self._same_numbers(old, snap):
+                    self._jump(old, snap, periods, moved)
+                    return
+                alike.setdefault(lag, ((snap.time - old.time) / lag, old, periods, moved))
+        before = self.alike.get(loop, {})
+        for lag, (period, old, periods, moved) in alike.items():
+            if lag in before and abs(period - before[lag]) <= DRIFT * period:
                 self._jump(old, snap, periods, moved)
                 return
+        self.alike[loop] = {lag: match[0] for lag, match in alike.items()}
         history.append(snap)
         if len(history) > HISTORY:
             history.pop(0)
@@ -487,9 +506,6 @@ class Simulation:
         """How many whole periods old -> new can be repeated before any moved loop reaches its last iteration."""
         if new.time <= old.time or old.key != new.key:
             return 0, []
-        for a, b in zip(old.numbers, new.numbers):
-            if not math.isclose(a, b, rel_tol=TOLERANCE, abs_tol=1e-15):
-                return 0, []
         periods, moved = math.inf, []
         for (s0, i0), (s1, i1), frame in zip(old.counters, new.counters, new.frames):
             if s0 != s1:
@@ -503,6 +519,10 @@ class Simulation:
         if not moved or periods == math.inf:
             return 0, []
         return int(periods), moved
+
+    @staticmethod
+    def _same_numbers(old: Snapshot, new: Snapshot) -> bool:
+        return all(math.isclose(a, b, rel_tol=TOLERANCE, abs_tol=1e-15) for a, b in zip(old.numbers, new.numbers))
 
     def _jump(self, old: Snapshot, new: Snapshot, periods: int, moved: list[tuple[Frame, int]]) -> None:
         """Advance the whole chip by `periods` periods of the steady state, exactly as simulating them would."""
@@ -533,12 +553,25 @@ class Simulation:
         jumped = {frame.loop.uid for frame, _ in moved}
         for key in [k for k in self.history if k[1] in jumped]:
             del self.history[key]
+            self.alike.pop(key, None)
 
 
 def _iterations(loop: CLoop) -> int:
     """How many loop iterations a compiled body starts in all."""
     inner = sum(_iterations(n) for n in loop.body if isinstance(n, CLoop))
     return loop.count * (1 + inner)
+
+
+def _chains(a: Op, b: Op) -> bool:
+    """Whether b can run as part of a: both on-core (fixed durations), nobody sees a end (no sets) and b starts
+    the moment a ends (no waits). The chain then takes exactly the time of the two issued back to back."""
+    return a.tail >= 0.0 and b.tail >= 0.0 and not (a.sets or a.barrier or b.waits or b.barrier)
+
+
+def _chain(a: Op, b: Op) -> Op:
+    """a then b as one op: b's start-up hides behind a's last work, and the next op's behind b's."""
+    work = a.work + max(0.0, b.latency - a.tail) + b.work
+    return Op(a.name, a.waits, b.sets, a.latency, work, (), False, b.tail, a.count + b.count)
 
 
 def _free(loop: CLoop) -> bool:
@@ -550,13 +583,13 @@ def _closed_form(loop: CLoop) -> tuple[float, int]:
     """(seconds, instructions) of a free stream issued back to back: each op's work plus the start-up that its
     predecessor's work does not hide (predecessors taken cyclically within each body)."""
     busy, ops = 0.0, 0
-    prev = loop.body[-1].work if isinstance(loop.body[-1], Op) else 0.0
+    prev = loop.body[-1].tail if isinstance(loop.body[-1], Op) else 0.0
     for node in loop.body:
         if isinstance(node, CLoop):
             b, n = _closed_form(node)
             busy, ops, prev = busy + b, ops + n, 0.0
         else:
-            busy, ops, prev = busy + node.work + max(0.0, node.latency - prev), ops + 1, node.work
+            busy, ops, prev = busy + node.work + max(0.0, node.latency - prev), ops + node.count, node.tail
     return busy * loop.count, ops * loop.count
 
 
