@@ -48,7 +48,8 @@ def test_compression_matches_full_simulation_of_the_indexer(shape, opts):
 
 def test_compression_finds_a_long_joint_period():
     """Two cores streaming at 5:6 rates meet the same joint state only every 6 iterations of the faster one (the
-    32K SFA's out-of-phase core groups recur every 6 blocks); the steady state is still found, and exact."""
+    joint state of core groups running out of phase recurs only every few blocks); the steady state is still found,
+    and exact."""
     def loads(n: int, kib: int) -> Program:
         return Program("aic", (Loop(n, (Instr("mte2", "load", bytes=kib * 1024.0, src="gm", dst="l1"),)),))
     trace = Trace("phases", "910b2", {}, (Group(loads(600, 320)), Group(loads(500, 384))), 0.0, 0.0, {})

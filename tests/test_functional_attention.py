@@ -34,6 +34,17 @@ def test_sparse_mla_attention_matches_reference(t, s, h, k, block_m):
     assert _close(out, R.sparse_mla_attention(rnd(q, "bf16"), rnd(kv, "bf16"), idx, 0.13523))
 
 
+def test_causal_ramp_units_compute_every_token():
+    """Ramp blocks paired into units (1 + 2 key tiles of 256 here, the full block 3) each land on their own tokens."""
+    t = s = 520
+    q, kv = RNG.standard_normal((t, 8, 192)), RNG.standard_normal((s, 192))
+    idx = np.where(np.arange(768)[None, :] <= np.arange(t)[:, None], np.arange(768)[None, :], -1)
+    assert SparseFlashAttention(t, s, 8, 192, 128, 768, block_m=16, block_n=256).trace(load_chip("910b2")).tiling[
+        "bands"] == 2  # one band of units, the full band
+    out = F.sparse_mla_attention(q, kv, idx, 0.1, d_v=128, block_m=16, block_n=256)
+    assert _close(out, R.sparse_mla_attention(rnd(q, "bf16"), rnd(kv, "bf16"), idx, 0.1, d_v=128))
+
+
 def test_sparse_attention_causal_mask_drops_future_selections():
     """An index set that still names keys after the query (prefill rows with < k valid keys) is masked again."""
     t, s, h = 4, 4, 16

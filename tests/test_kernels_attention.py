@@ -6,6 +6,7 @@ import pytest
 
 from npusim.errors import NpusimError
 from npusim.kernels import catalog
+from npusim.kernels.trace import Loop
 from npusim.spec.chip import load_chip
 
 
@@ -93,6 +94,25 @@ def test_split_kv_is_faster_at_decode(chip):
                       launch="none")
     assert split.time < 0.6 * single.time
     assert split.time >= split.roofline
+
+
+def _cube_flops(nodes) -> float:
+    return sum(n.count * _cube_flops(n.body) if isinstance(n, Loop) else n.flops * (n.pipe == "cube") for n in nodes)
+
+
+def test_causal_ramp_is_dealt_in_units_of_a_full_block(chip):
+    """Ramp blocks of k and 4 - k key tiles (tokens with fewer than top-k keys) are paired into units of one full
+    block's work: every core gets the same ramp work (16 units: 256 of 1 + 3 tiles and 128 of 2 + 2 over 24 cores),
+    so the cores reach the full band together and fold into two groups, not one per leftover pattern."""
+    t = catalog.kernel("sparse_flash_attention", {"tokens": 131072, "keys": 131072}).trace(chip)
+    loops = [[n for n in g.aic.body if isinstance(n, Loop)] for g in t.groups]
+    assert len(t.groups) == 2 and t.tiling["bands"] == 3
+    assert {sum(loop.count for loop in ls[:-1]) for ls in loops} == {16}
+    full = _cube_flops(loops[0][-1].body)
+    assert all(_cube_flops(loop.body) == pytest.approx(full) for ls in loops for loop in ls)
+    # every 2-token block dealt once: two per unit, one per full-band iteration
+    assert sum(g.copies * (2 * sum(lp.count for lp in ls[:-1]) + ls[-1].count) for g, ls in zip(t.groups, loops)) \
+        == 131072 // 2
 
 
 def test_prefill_keeps_one_key_range(chip):

@@ -635,7 +635,7 @@ class Attention(Kernel):
         edges = np.flatnonzero(np.diff(tiles)) + 1
         starts = np.concatenate([[0], edges])
         counts = np.diff(np.concatenate([starts, [nq]]))
-        bands = []
+        runs = []  # (tiles per block, blocks, band constants, head) of each run of equal blocks
         for tb0, ntb in zip(starts.tolist(), counts.tolist()):
             n = int(tiles[tb0])
             tps = cdiv(n, p.splits)  # tiles per key range: full ranges, then the shorter last one
@@ -647,13 +647,36 @@ class Attention(Kernel):
                             tq=lin(("bq", 1), div=p.hsplit, mod=ntb), bk=lin(("bq", 1), div=p.hsplit * ntb),
                             t0=lin(("first", p.tpb), ("tq", p.tpb)), row0=lin(("bk", T * hg), ("t0", hg), ("hk", p.hb)),
                             kvrow=lin(("bk", S)))
-                bands.append(Band(B * KVH * p.hsplit * ntb * ns, (head,) + aic_block(k),
-                                  tuple((head,) + aiv_block(a, k) for a in range(2)), (("first", tb0), ("s0", s0), ("klast", k - 1))))
-        # The causal ramp (tokens with fewer keys than the full band) is dealt heaviest band first. Its leftover
-        # blocks go to some cores only, so core groups reach the full band out of phase; after the one-tile band
-        # they settle into one cycle, whereas in token order (after the three-tile band) the cycle they settled
-        # into, and the kernel time, moved by 0.7 % with float round-off (SFA at 128K on a 910C die).
-        bands[:-1] = sorted(bands[:-1], key=lambda band: -dict(band.bind)["klast"])
+                runs.append((k, B * KVH * p.hsplit * ntb * ns, (("first", tb0), ("s0", s0), ("klast", k - 1)), head))
+
+        def half(run, offset: int, block) -> tuple[Node, ...]:
+            """Block u + offset of a run inside a unit (u: the unit's index, kept in 'u')."""
+            k, _, constants, head = run
+            return (addr(**dict(constants), blk=lin(("u", 1), base=offset)), head) + block(k)
+
+        def unit(heavy, light, offset: int) -> Band:
+            """Units of two causal-ramp blocks whose tiles add up to a full block's: the heavy one, then the light."""
+            body = lambda block: (addr(u=lin(("blk", 1))),) + half(heavy, 0, block) + half(light, offset, block)  # noqa: E731
+            return Band(light[1] - offset, body(aic_block), tuple(body(lambda k, a=a: aiv_block(a, k)) for a in range(2)))
+
+        # The causal ramp (tokens with fewer keys than a full block's) is dealt as units of two blocks of k and
+        # full - k tiles, as the indexer deals its triangle, so every core gets the same ramp work; dealt band by
+        # band, the cores that drew each band's leftover blocks reach the full band out of phase, in as many folded
+        # groups as there are leftover patterns, and their transient settles only after tens of blocks.
+        full, ks = runs[-1][0], [run[0] for run in runs]
+        ramp = {run[0]: run for run in runs[:-1]} if p.splits == 1 and full == max(ks) and len(set(ks)) == len(ks) \
+            else {}
+        bands, paired = [], set()
+        for k in sorted(ramp, reverse=True):
+            light = ramp.get(full - k)
+            if k in paired or light is None or light[1] != ramp[k][1] or (light is ramp[k] and light[1] % 2):
+                continue
+            bands.append(unit(ramp[k], light, light[1] // 2 if light is ramp[k] else 0))
+            paired |= {k, full - k}
+        for k, blocks, constants, head in runs:
+            if k not in paired:
+                bands.append(Band(blocks, (head,) + aic_block(k), tuple((head,) + aiv_block(a, k) for a in range(2)),
+                                  constants))
         ranges = cdiv(int(tiles[0]), cdiv(int(tiles[0]), p.splits)) if p.splits > 1 else 1
         ub_combine = cr = 0
         if ranges > 1:
