@@ -157,6 +157,11 @@ def test_chrome_trace_has_a_track_per_core_and_pipe():
     assert any(e["name"].startswith("steady state") for e in spans)
     assert all(e["dur"] >= 0 for e in spans)
     json.dumps(events)
+    # a pipe runs one instruction at a time: its spans, steady-state jumps included, never overlap (Perfetto's
+    # importer drops slices of a track that overlap without nesting)
+    for track in {(e["pid"], e["tid"]) for e in spans}:
+        on = sorted((e["ts"], e["ts"] + e["dur"]) for e in spans if (e["pid"], e["tid"]) == track)
+        assert all(b[0] >= a[1] - 1e-6 for a, b in zip(on, on[1:])), track
 
 
 # ---------------------------------------------------------------------------------------------- properties

@@ -529,6 +529,11 @@ class Simulation:
         env._queue[:] = [(t + shift, prio, eid, ev) for t, prio, eid, ev in env._queue]
         for frame, d in moved:
             frame.iter += periods * d
+        if self.spans is not None:  # an instruction in flight resumes `shift` later: the span sits before it
+            for r in self.runners:
+                if r.act != DONE:
+                    begin = r.start if r.act in (RUNNING, TRANSFER) else new.time
+                    self.spans.append((r.index, f"steady state x{periods}", begin, begin + shift))
         for r in self.runners:
             r.start += shift
             r.end += shift
@@ -540,10 +545,6 @@ class Simulation:
         for server in self.servers.values():
             server.moved, server.busy = next(it), next(it)
             server.shift(shift)
-        if self.spans is not None:
-            for r in self.runners:
-                if r.act != DONE:
-                    self.spans.append((r.index, f"steady state x{periods}", new.time, new.time + shift))
         self.extrapolated += shift
         # snapshots of the loops that moved are stale; those of enclosing loops stay comparable (the jump is part of
         # their next period), so an outer loop of identical iterations with inner jumps is found periodic too
