@@ -1,7 +1,5 @@
 """Attention tilings: Huawei's SFA blocks, buffer fit, compressed 128K traces, shapes from the op graph."""
 
-import time
-
 import pytest
 
 from npusim.errors import NpusimError
@@ -52,11 +50,13 @@ def test_op_graph_shapes_build(chip):
     ("flash_attention", {"tokens": 131072, "keys": 131072, "heads": 128, "kv_heads": 128}),
     ("v4_attention", {"tokens": 131072, "keys": 131072, "ratio": 128}),
 ])
-def test_128k_traces_build_fast(chip, name, shape):
-    t0 = time.perf_counter()
+def test_128k_traces_stay_compact(chip, name, shape):
+    """Loops stay loops: a 128K trace writes orders of magnitude fewer instructions than it runs (its build time is
+    in benchmarks/kernel_trace_build.py)."""
     t = catalog.kernel(name, shape).trace(chip)
-    assert time.perf_counter() - t0 < 0.5
-    assert sum(p["instructions"] for p in t.pipe_totals().values()) > 1e7  # loops stayed loops
+    written = sum(1 for _ in t.instructions())
+    run = sum(p["instructions"] for p in t.pipe_totals().values())
+    assert run > 1e7 and written < 1e6 and run > 20 * written
 
 
 def test_causal_dense_work_follows_the_triangle(chip):
