@@ -60,6 +60,17 @@ def test_compression_finds_a_long_joint_period():
         assert a.busy == pytest.approx(b.busy, rel=1e-6) and a.ops == b.ops
 
 
+def test_chained_on_core_ops_time_as_issued_one_by_one():
+    """Runs of on-core ops with no flag between them execute as one op (fewer events); recorded runs keep every
+    instruction, so the two must agree on time, busy time and instruction counts."""
+    trace = catalog.kernel("sparse_flash_attention", {"tokens": 64, "keys": 8192}).trace(CHIP)
+    chained, single = Simulation(trace, CHIP).run(), Simulation(trace, CHIP, record=True).run()
+    assert chained.events < single.events
+    assert chained.time == pytest.approx(single.time, rel=1e-12)
+    for a, b in zip(chained.runners, single.runners):
+        assert a.ops == b.ops and a.busy == pytest.approx(b.busy, rel=1e-9)
+
+
 def test_sync_all_waits_for_every_core():
     """A core reaching SyncAll early waits for the slow core's arrival and for programs without a barrier to end."""
     work = lambda n: Instr("vector", "work", bytes=n * 256.0, dtype="fp32", src="ub", dst="ub")  # noqa: E731
