@@ -49,13 +49,16 @@ and the start-up before the pipeline fills (the prologue) are simulated, never e
 two, and core groups running out of phase (e.g. after unequal work) share HBM and L2 in a pattern that recurs only
 every few blocks.
 
-Phase between folded groups is a modelling limit worth knowing: each group stands for its copies in lockstep, and
+The result differs from a full simulation only by the 1e-6 matching tolerance; tests check it.
+
+Folded groups and phase (a modelling limit)
+-------------------------------------------
+Phase between folded groups is worth knowing about: each group stands for its copies in lockstep, and
 how far apart the groups run decides how evenly they load the shared L2. An L2-bound kernel whose groups meet the
 long loop in phase leaves L2 idle between bursts; out of phase it keeps it busier. For the causal 128K SFA on a 910C
 die this spans 494-510 ms (-2.8 % to +0.4 % of the 508 ms of its balanced dealing), and when groups enter out of
 phase the cycle they settle into can depend on float round-off. The tilings deal equal work to every core (the
 causal ramps in paired units) so the groups run together, as the uniform (non-causal) shapes of the predictions do.
-The result differs from a full simulation only by the 1e-6 matching tolerance; tests check it.
 """
 
 from __future__ import annotations
