@@ -232,6 +232,7 @@ def test_cli_kernel_sim(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert "aic.cube" in run.stdout and "bound:" in run.stdout and "roofline:" in run.stdout
+    assert "24 cores as 2 folded groups (16 + 8)" in run.stdout  # 256 blocks: 10 waves and 16 left over
     assert json.loads(out.read_text())["traceEvents"]
     bad = subprocess.run([sys.executable, "-m", "npusim.cli.main", "kernel", "sim", "gemm", "--hw", "910c-die",
                           "--shape", "1,2,3,4,5"], capture_output=True, text=True, timeout=60)

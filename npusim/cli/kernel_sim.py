@@ -79,7 +79,9 @@ def run_sim(args) -> None:
         "roofline": f"{result.roofline * 1e3:.4f} ms ({result.roofline_bound}); simulated = "
                     f"{result.time / result.roofline:.2f} x roofline",
         "tiling": ", ".join(f"{k}={v}" for k, v in trace.tiling.items()),
-        "engine": f"{result.events} events, {100 * result.extrapolated:.0f} % of the time extrapolated",
+        "engine": f"{result.events} events, {100 * result.extrapolated:.0f} % of the time extrapolated, "
+                  f"{sum(g.copies for g in trace.groups)} cores as {len(trace.groups)} folded groups "
+                  f"({' + '.join(str(g.copies) for g in trace.groups)})",
     }
     if args.trace:
         extra["trace"] = args.trace
