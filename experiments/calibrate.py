@@ -13,7 +13,7 @@ import dataclasses
 
 import pandas as pd
 
-from experiments.validate import ROWS, evaluate
+from validate import ROWS, evaluate  # the sibling script (run as python experiments/calibrate.py)
 
 CANDIDATES_US = (1, 2, 3, 4, 6, 8, 10, 12)
 CHIP_OF_SYSTEM = {"cloudmatrix384": "910c-die", "atlas-950-superpod": "950dt"}
