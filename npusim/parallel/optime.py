@@ -168,7 +168,7 @@ def op_time(op: Op, chip: Chip, run: OpRun | str = "graph") -> OpTime:
     if hit is None:
         k = kernel_for(op, chip, run.options)
         if k is not None:
-            trace = on_chip(buffered(k.trace(chip), run.options.buffering if run.options else 0, chip),
+            trace = on_chip(kernel_trace(k, chip, run.options.buffering if run.options else 0),
                             ACTIVATION_INPUT.get(k.name, ""), run.input_on_chip, run.output_on_chip)
             try:
                 r = simulate(trace, chip, launch=run.launch)
@@ -202,6 +202,11 @@ def partition(chip: Chip, aic: int) -> Chip:
 
 # The GM tensor holding each kernel's activation input (what a fused group's previous member produced).
 ACTIVATION_INPUT = {"gemm": "a", "grouped_gemm": "a", "rowwise": "x"}
+
+
+def kernel_trace(k: Kernel, chip: Chip, buffering: int = 0) -> Trace:
+    """The trace an op runs: the kernel's tiling at the plan's buffering depth (0 = the kernel as written)."""
+    return buffered(k.trace(chip), buffering, chip)
 
 
 def buffered(trace: Trace, depth: int, chip: Chip) -> Trace:
