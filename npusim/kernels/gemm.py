@@ -4,6 +4,10 @@ Per output block (base_m x base_n) the AIC streams K: MTE2 brings an L1 tile (ba
 of B; double-buffered), MTE1 moves base_k slices into L0A/L0B (double-buffered), the cube accumulates into L0C,
 and FIXPIPE writes L0C to GM (converting to the output dtype, dequantising INT8). Blocks are spread over the AICs
 in waves. Grouped GEMM (MoE experts) is the same block body with one band of blocks per expert.
+
+The block is a tile program (npusim.kernels.program): queues L1 (MTE2 -> MTE1), L0 (MTE1 -> cube) and L0C
+(cube -> FIXPIPE, `l0c_depth` deep) between the stages CopyIn, Split, Compute and CopyOut of `CubeBlock`; a plan's
+`buffering` is the depth of the double-buffered ones.
 """
 
 from __future__ import annotations
@@ -13,10 +17,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from npusim.errors import NpusimError
-from npusim.kernels.base import (Band, Kernel, Work, addr, capacity, cdiv, distribute, ins, nbytes, need_cube,
-                                 pingpong, register, scaled)
+from npusim.kernels.base import Band, Kernel, Work, capacity, cdiv, nbytes, need_cube, register, scaled
+from npusim.kernels.program import AIC, Code, Queue, TileProgram, stage
 from npusim.kernels.tile import Act, Lin, Ref, lin
-from npusim.kernels.trace import Node, Trace
+from npusim.kernels.trace import Trace
 from npusim.spec.chip import Chip
 
 
@@ -43,12 +47,6 @@ SCHEMES = {
     "mxfp8": Scheme("mxfp8", "fp8e4m3", 32, "e8m0"),
     "mxfp4": Scheme("mxfp4", "fp4e2m1", 32, "e8m0"),
 }
-
-
-def gemm_flags(l0c_depth: int) -> dict[str, int]:
-    """L1 and L0A/L0B double-buffered; `l0c_depth` accumulators (2: FIXPIPE drains one while the cube fills the
-    other; 1: one block twice as large, its write-out not overlapped)."""
-    return {"l1.free": 2, "l1.full": 0, "l0.free": 2, "l0.full": 0, "l0c.free": l0c_depth, "l0c.full": 0}
 
 
 def scheme_of(name: str) -> Scheme:
@@ -154,12 +152,19 @@ class CubeTiling:
         return {"base_m": self.base_m, "base_n": self.base_n, "base_k": self.base_k, "step_k": self.step_k,
                 "l0c_depth": self.l0c_depth, "order": "along n" if self.by_row else "along m"}
 
+    def slots(self, p: GemmShape) -> dict[str, dict[str, float]]:
+        """Bytes of one buffer of each queue of a block, per buffer level: the L1 tile of A and B (with its block
+        scales), the L0A and L0B blocks, the fp32 L0C accumulator."""
+        dt, bm, bn = p.scheme.cube, self.base_m, self.base_n
+        return {"l1": {"l1": nbytes(dt, (bm + bn) * self.k_l1) + p.scale_bytes(bm, bn, self.k_l1)},
+                "l0": {"l0a": nbytes(dt, bm * self.base_k), "l0b": nbytes(dt, self.base_k * bn)},
+                "l0c": {"l0c": 4.0 * bm * bn}}
+
     def buffers(self, p: GemmShape) -> dict[str, float]:
-        dt = p.scheme.cube
-        return {"l1": 2 * (nbytes(dt, (self.base_m + self.base_n) * self.k_l1)
-                           + p.scale_bytes(self.base_m, self.base_n, self.k_l1)),
-                "l0a": 2 * nbytes(dt, self.base_m * self.base_k), "l0b": 2 * nbytes(dt, self.base_k * self.base_n),
-                "l0c": self.l0c_depth * 4.0 * self.base_m * self.base_n}
+        """Per-core use with L1 and L0 double-buffered and `l0c_depth` accumulators (2: FIXPIPE drains one while
+        the cube fills the other; 1: one block twice as large, its write-out not overlapped)."""
+        depth = {"l1": 2, "l0": 2, "l0c": self.l0c_depth}
+        return {level: depth[q] * b for q, slot in self.slots(p).items() for level, b in slot.items()}
 
     def l2_hits(self, chip: Chip, p: GemmShape) -> tuple[float, float]:
         """Fraction of the A and B tile reads served by L2. Consecutive blocks share the panel of the operand they
@@ -235,80 +240,145 @@ def _step_k(l1: float, p: GemmShape, bm: int, bn: int, bk: int) -> int:
     return s
 
 
-def cube_block(t: CubeTiling, sch: Scheme, k: int, a: Ref, b: Ref, out: Ref, out_dtype: str, hits: tuple[float, float],
-               sa: Ref | None = None, sb: Ref | None = None, relu: bool = False) -> tuple[Node, ...]:
-    """One output block: zero L0C, stream K through L1 and L0 (double-buffered), FIXPIPE out.
+def cube_queues(prog: TileProgram, t: CubeTiling, p: GemmShape) -> tuple[Queue, Queue, Queue]:
+    """The AIC's queues of a matmul: L1 tiles (A1/B1: MTE2 -> MTE1, double-buffered), L0A/L0B blocks (A2/B2:
+    MTE1 -> cube, double-buffered) and the `l0c_depth` L0C accumulators (CO1: cube -> FIXPIPE)."""
+    slot = t.slots(p)
+    return (prog.queue("l1", (AIC, "mte2"), (AIC, "mte1"), depth=2, slot=slot["l1"]),
+            prog.queue("l0", (AIC, "mte1"), (AIC, "cube"), depth=2, slot=slot["l0"]),
+            prog.queue("l0c", (AIC, "cube"), (AIC, "fixpipe"), depth=t.l0c_depth, slot=slot["l0c"]))
 
-    a, b, out, sa, sb are refs at k = 0 of the block (3-d: batch, rows, cols); the K offset is added here.
-    """
-    dt, bm, bn, bk, kl1 = sch.cube, t.base_m, t.base_n, t.base_k, t.k_l1
-    per_block_scales = sch.scale and not sch.fixpipe_dequant
-    nfull, rem = divmod(k, kl1)
 
-    def shift(ref: Ref, axis: int, off: Lin, size: int) -> Ref:
-        start = list(ref.start)
-        s0 = start[axis]
-        start[axis] = Lin(off.base + (s0 if isinstance(s0, int) else s0.base), off.terms + (() if isinstance(s0, int)
-                                                                                         else s0.terms))
-        sz = list(ref.size)
-        sz[axis] = size
-        return Ref(ref.name, tuple(start), tuple(sz), ref.stop)
+def at_k(ref: Ref, axis: int, off: Lin, size: int) -> Ref:
+    """`ref` moved `off` elements along its K axis, `size` deep."""
+    start, sz = list(ref.start), list(ref.size)
+    s0 = start[axis]
+    start[axis] = Lin(off.base + (s0 if isinstance(s0, int) else s0.base), off.terms + (() if isinstance(s0, int)
+                                                                                     else s0.terms))
+    sz[axis] = size
+    return Ref(ref.name, tuple(start), tuple(sz), ref.stop)
 
-    def l1_tile(slot: int, i: Lin, depth: int) -> tuple[Node, ...]:
-        koff = scaled(i, kl1)
-        steps = cdiv(depth, bk)
-        la, lb = Ref(f"l1.a{slot}", (0, 0, 0), (1, bm, kl1)), Ref(f"l1.b{slot}", (0, 0, 0), (1, kl1, bn))
-        body: list[Node] = [
-            ins("mte2", "load", Act("load", la, (shift(a, 2, koff, kl1),), sch.elem), bytes=nbytes(dt, bm, depth),
-                dtype=dt, src="gm", dst="l1", slot=slot, wait=("l1.free",), hit=hits[0]),
-            ins("mte2", "load", Act("load", lb, (shift(b, 1, koff, kl1),), sch.elem), bytes=nbytes(dt, depth, bn),
-                dtype=dt, src="gm", dst="l1", slot=slot, set=("l1.full",) if not per_block_scales else (),
-                hit=hits[1])]
-        nq = cdiv(kl1, sch.qblock) if per_block_scales else 0
-        if per_block_scales:
-            qa = Ref(f"l1.sa{slot}", (0, 0, 0), (1, bm, nq))
-            qb = Ref(f"l1.sb{slot}", (0, 0, 0), (1, nq, bn))
-            kq = scaled(i, nq)
-            body += [ins("mte2", "load", Act("load", qa, (shift(sa, 2, kq, nq),), "fp32"),
-                         bytes=4.0 * bm * cdiv(depth, sch.qblock) / (4 if sch.scale == "e8m0" else 1), dtype="fp32",
-                         src="gm", dst="l1", slot=slot),
-                     ins("mte2", "load", Act("load", qb, (shift(sb, 1, kq, nq),), "fp32"),
-                         bytes=4.0 * bn * cdiv(depth, sch.qblock) / (4 if sch.scale == "e8m0" else sch.b_block_n),
-                         dtype="fp32", src="gm", dst="l1", slot=slot, set=("l1.full",))]
-        l0c = Ref("l0c", (0, 0, 0), (1, bm, bn))
+
+@dataclass(frozen=True)
+class CubeBlock:
+    """One output block on the AIC: zero L0C, stream K through L1 and L0 (double-buffered), FIXPIPE out.
+
+    a, b, out, sa, sb are refs at k = 0 of the block (3-d: batch, rows, cols); the K offset is added here. Stages:
+    CopyIn (MTE2, GM -> L1), Split (MTE1, L1 -> L0A/L0B), Compute (cube), CopyOut (FIXPIPE, L0C -> GM)."""
+
+    t: CubeTiling
+    sch: Scheme
+    k: int
+    a: Ref
+    b: Ref
+    out: Ref
+    out_dtype: str
+    hits: tuple[float, float]
+    queues: tuple[Queue, Queue, Queue]
+    sa: Ref | None = None
+    sb: Ref | None = None
+    relu: bool = False
+
+    @property
+    def scaled(self) -> bool:
+        """Block scales read by the cube from L1 per K step (not dequantised once in FIXPIPE)."""
+        return bool(self.sch.scale) and not self.sch.fixpipe_dequant
+
+    def write(self, c: Code) -> None:
+        nfull, rem = divmod(self.k, self.t.k_l1)
+        self.init(c)
+        c.pingpong(nfull, "kt", lambda slot, i: self.l1_tile(c, slot, i, self.t.k_l1))
+        if rem:
+            self.l1_tile(c, nfull % 2, Lin(nfull), rem)
+        self.copy_out(c)
+
+    def l1_tile(self, c: Code, slot: int, i: Lin, depth: int) -> None:
+        self.copy_in(c, slot, i, depth)
+        steps = cdiv(depth, self.t.base_k)
         for s in range(steps):
-            p = s % 2
-            l0a, l0b = Ref(f"l0a{p}", (0, 0, 0), (1, bm, bk)), Ref(f"l0b{p}", (0, 0, 0), (1, bk, bn))
-            first, last = s == 0, s == steps - 1
-            body += [
-                ins("mte1", "load_l0a", Act("copy", l0a, (Ref(la.name, (0, 0, s * bk), (1, bm, bk)),), sch.elem),
-                    bytes=nbytes(dt, bm, bk), dtype=dt, src="l1", dst="l0a", slot=p,
-                    wait=(("l1.full",) if first else ()) + ("l0.free",)),
-                ins("mte1", "load_l0b", Act("copy", l0b, (Ref(lb.name, (0, s * bk, 0), (1, bk, bn)),), sch.elem),
-                    bytes=nbytes(dt, bk, bn), dtype=dt, src="l1", dst="l0b", slot=p,
-                    set=("l0.full",) + (("l1.free",) if last and not per_block_scales else ()))]
-            scales = ()
-            if per_block_scales:  # the step's scale blocks (aligned by CubeTiling.choose)
-                nqs, q0 = cdiv(bk, sch.qblock), s * bk // sch.qblock
-                scales = (Ref(f"l1.sa{slot}", (0, 0, q0), (1, bm, nqs)), Ref(f"l1.sb{slot}", (0, q0, 0), (1, nqs, bn)))
-            body.append(ins("cube", "mmad", Act("mmad", l0c, (l0c, l0a, l0b) + scales, "fp32",
-                                                (("qblock", min(sch.qblock, bk) if per_block_scales else 0),)),
-                            flops=2.0 * bm * bn * bk, dtype=dt, src="l0a", dst="l0c", slot=p, wait=("l0.full",),
-                            set=("l0.free",) + (("l1.free",) if last and per_block_scales else ())))
-        return tuple(body)
+            self.split(c, slot, s, s == steps - 1)
+            self.compute(c, slot, s, s == steps - 1)
 
-    body: tuple[Node, ...] = (ins("cube", "init", Act("zero", Ref("l0c", (0, 0, 0), (1, bm, bn))), dtype=dt,
-                                  dst="l0c", wait=("l0c.free",)),)
-    body += pingpong(nfull, lambda slot, i: l1_tile(slot, i, kl1), "kt")
-    if rem:
-        body += l1_tile(nfull % 2, Lin(nfull), rem)
-    deq = (sa, sb) if sch.fixpipe_dequant else ()
-    body += (ins("cube", "sync", set=("l0c.full",)),
-             ins("fixpipe", "store", Act("fixpipe", out, (Ref("l0c", (0, 0, 0), (1, bm, bn)),) + deq, out_dtype,
-                                         (("relu", relu), ("dequant", sch.fixpipe_dequant))),
-                 bytes=nbytes(out_dtype, bm, bn), dtype=out_dtype, src="l0c", dst="gm",
-                 wait=("l0c.full",), set=("l0c.free",)))
-    return body
+    @stage
+    def init(self, c: Code) -> None:
+        c.alloc(self.queues[2])
+        c.op("cube", "init", Act("zero", Ref("l0c", (0, 0, 0), (1, self.t.base_m, self.t.base_n))),
+             dtype=self.sch.cube, dst="l0c")
+
+    @stage
+    def copy_in(self, c: Code, slot: int, i: Lin, depth: int) -> None:
+        """The L1 tile at K tile i (`depth` deep, the last one shorter) and its block scales; full after the last."""
+        sch, dt, bm, bn, kl1 = self.sch, self.sch.cube, self.t.base_m, self.t.base_n, self.t.k_l1
+        l1, koff = self.queues[0], scaled(i, kl1)
+        c.alloc(l1)
+        c.op("mte2", "load", Act("load", Ref(f"l1.a{slot}", (0, 0, 0), (1, bm, kl1)), (at_k(self.a, 2, koff, kl1),),
+                                 sch.elem), bytes=nbytes(dt, bm, depth), dtype=dt, src="gm", dst="l1", slot=slot,
+             hit=self.hits[0])
+        c.op("mte2", "load", Act("load", Ref(f"l1.b{slot}", (0, 0, 0), (1, kl1, bn)), (at_k(self.b, 1, koff, kl1),),
+                                 sch.elem), bytes=nbytes(dt, depth, bn), dtype=dt, src="gm", dst="l1", slot=slot,
+             hit=self.hits[1])
+        if self.scaled:
+            nq, kq, per = cdiv(kl1, sch.qblock), scaled(i, cdiv(kl1, sch.qblock)), cdiv(depth, sch.qblock)
+            c.op("mte2", "load", Act("load", Ref(f"l1.sa{slot}", (0, 0, 0), (1, bm, nq)),
+                                     (at_k(self.sa, 2, kq, nq),), "fp32"),
+                 bytes=4.0 * bm * per / (4 if sch.scale == "e8m0" else 1), dtype="fp32", src="gm", dst="l1",
+                 slot=slot)
+            c.op("mte2", "load", Act("load", Ref(f"l1.sb{slot}", (0, 0, 0), (1, nq, bn)),
+                                     (at_k(self.sb, 1, kq, nq),), "fp32"),
+                 bytes=4.0 * bn * per / (4 if sch.scale == "e8m0" else sch.b_block_n), dtype="fp32", src="gm",
+                 dst="l1", slot=slot)
+        c.enque(l1)
+
+    @stage
+    def split(self, c: Code, slot: int, s: int, last: bool) -> None:
+        """K step s of the L1 tile into L0A / L0B; the tile is freed after its last step (by the cube when the
+        cube still reads its scales)."""
+        dt, bm, bn, bk = self.sch.cube, self.t.base_m, self.t.base_n, self.t.base_k
+        l1, l0, _ = self.queues
+        p = s % 2
+        if s == 0:
+            c.deque(l1)
+        c.alloc(l0)
+        c.op("mte1", "load_l0a", Act("copy", Ref(f"l0a{p}", (0, 0, 0), (1, bm, bk)),
+                                     (Ref(f"l1.a{slot}", (0, 0, s * bk), (1, bm, bk)),), self.sch.elem),
+             bytes=nbytes(dt, bm, bk), dtype=dt, src="l1", dst="l0a", slot=p)
+        c.op("mte1", "load_l0b", Act("copy", Ref(f"l0b{p}", (0, 0, 0), (1, bk, bn)),
+                                     (Ref(f"l1.b{slot}", (0, s * bk, 0), (1, bk, bn)),), self.sch.elem),
+             bytes=nbytes(dt, bk, bn), dtype=dt, src="l1", dst="l0b", slot=p)
+        c.enque(l0)
+        if last and not self.scaled:
+            c.free(l1)
+
+    @stage
+    def compute(self, c: Code, slot: int, s: int, last: bool) -> None:
+        sch, bm, bn, bk = self.sch, self.t.base_m, self.t.base_n, self.t.base_k
+        l1, l0, _ = self.queues
+        p, l0c = s % 2, Ref("l0c", (0, 0, 0), (1, bm, bn))
+        scales: tuple[Ref, ...] = ()
+        if self.scaled:  # the step's scale blocks (aligned by CubeTiling.choose)
+            nqs, q0 = cdiv(bk, sch.qblock), s * bk // sch.qblock
+            scales = (Ref(f"l1.sa{slot}", (0, 0, q0), (1, bm, nqs)), Ref(f"l1.sb{slot}", (0, q0, 0), (1, nqs, bn)))
+        c.deque(l0)
+        c.op("cube", "mmad", Act("mmad", l0c, (l0c, Ref(f"l0a{p}", (0, 0, 0), (1, bm, bk)),
+                                              Ref(f"l0b{p}", (0, 0, 0), (1, bk, bn))) + scales, "fp32",
+                                 (("qblock", min(sch.qblock, bk) if self.scaled else 0),)),
+             flops=2.0 * bm * bn * bk, dtype=sch.cube, src="l0a", dst="l0c", slot=p)
+        c.free(l0)
+        if last and self.scaled:
+            c.free(l1)
+
+    @stage
+    def copy_out(self, c: Code) -> None:
+        """FIXPIPE: L0C to GM in the output dtype (with ReLU, and the INT8 dequant by per-row / per-column scales)."""
+        l0c, bm, bn = self.queues[2], self.t.base_m, self.t.base_n
+        deq = (self.sa, self.sb) if self.sch.fixpipe_dequant else ()
+        c.op("cube", "sync")
+        c.enque(l0c)
+        c.deque(l0c)
+        c.op("fixpipe", "store", Act("fixpipe", self.out, (Ref("l0c", (0, 0, 0), (1, bm, bn)),) + deq, self.out_dtype,
+                                     (("relu", self.relu), ("dequant", self.sch.fixpipe_dequant))),
+             bytes=nbytes(self.out_dtype, bm, bn), dtype=self.out_dtype, src="l0c", dst="gm")
+        c.free(l0c)
 
 
 @register
@@ -317,7 +387,8 @@ class Gemm(Kernel):
     """C[batch, m, n] = A[batch, m, k] @ B[batch, k, n] (batch = 1: a plain GEMM; a GEMV is m small)."""
 
     name: ClassVar[str] = "gemm"
-    options: ClassVar[tuple[str, ...]] = ("dtype", "out_dtype", "base_m", "base_n", "base_k", "step_k", "l0c_depth")
+    options: ClassVar[tuple[str, ...]] = ("dtype", "out_dtype", "base_m", "base_n", "base_k", "step_k", "l0c_depth",
+                                          "buffering")
     m: int
     n: int
     k: int
@@ -329,6 +400,7 @@ class Gemm(Kernel):
     base_k: int = 0
     step_k: int = 0
     l0c_depth: int = 0  # L0C accumulators, 1 or 2 (0 = the tiler's choice)
+    buffering: int = 0  # depth of the double-buffered queues (0 = 2, as written)
 
     @property
     def scheme(self) -> Scheme:
@@ -363,12 +435,16 @@ class Gemm(Kernel):
         sb = Ref("sb", (Lin(0, (("bi", 1),)), 0, Lin(0, (("ni", t.base_n),))), (1, nq, t.base_n), (None, nq, self.n))
         out = Ref("c", (Lin(0, (("bi", 1),)), Lin(0, (("mi", t.base_m),)), Lin(0, (("ni", t.base_n),))),
                   (1, t.base_m, t.base_n), (None, self.m, self.n))
-        body = (addr(bi=bi, mi=mi, ni=ni),) + cube_block(t, sch, self.k, a, b, out, self.out_dtype,
-                                                         t.l2_hits(chip, self.problem),
-                                                         sa if sch.scale else None, sb if sch.scale else None)
-        groups = distribute([Band(self.batch * tm * tn, body)], chip.aic.count, gemm_flags(t.l0c_depth))
-        return Trace(self.name, chip.name, self.shape, groups, w.cube_flops, w.hbm_bytes, t.buffers(self.problem),
-                     t.describe() | {"blocks": self.batch * tm * tn, "scheme": self.dtype}, dtype=sch.cube)
+        prog = TileProgram(self.name, chip, self.buffering)
+        c = prog.code(AIC)
+        c.addr(bi=bi, mi=mi, ni=ni)
+        CubeBlock(t, sch, self.k, a, b, out, self.out_dtype, t.l2_hits(chip, self.problem),
+                  cube_queues(prog, t, self.problem),
+                  sa if sch.scale else None, sb if sch.scale else None).write(c)
+        groups = prog.groups([Band(self.batch * tm * tn, c.body())], chip.aic.count)
+        return Trace(self.name, chip.name, self.shape, groups, w.cube_flops, w.hbm_bytes, prog.buffers(),
+                     t.describe() | {"blocks": self.batch * tm * tn, "scheme": self.dtype} | prog.tiling(),
+                     dtype=sch.cube)
 
 
 @register
@@ -380,7 +456,7 @@ class GroupedGemm(Kernel):
 
     name: ClassVar[str] = "grouped_gemm"
     options: ClassVar[tuple[str, ...]] = ("dtype", "out_dtype", "counts", "base_m", "base_n", "base_k", "step_k",
-                                          "l0c_depth")
+                                          "l0c_depth", "buffering")
     rows: int
     k: int
     n: int
@@ -393,6 +469,7 @@ class GroupedGemm(Kernel):
     base_k: int = 0
     step_k: int = 0
     l0c_depth: int = 0
+    buffering: int = 0
 
     def rows_per_expert(self) -> list[int]:
         if not self.counts:
@@ -432,14 +509,17 @@ class GroupedGemm(Kernel):
         sa = Ref("sa", (0, row, 0), (1, t.base_m, nq), (None, lin(("rend", 1)), nq))
         sb = Ref("sb", (lin(("ex", 1)), 0, Lin(0, (("ni", t.base_n),))), (1, nq, t.base_n), (None, nq, self.n))
         out = Ref("c", (0, row, Lin(0, (("ni", t.base_n),))), (1, t.base_m, t.base_n), (None, lin(("rend", 1)), self.n))
-        body = (addr(mi=mi, ni=ni),) + cube_block(t, sch, self.k, a, b, out, self.out_dtype, hits,
-                                                  sa if sch.scale else None, sb if sch.scale else None)
+        prog = TileProgram(self.name, chip, self.buffering)
+        c = prog.code(AIC)
+        c.addr(mi=mi, ni=ni)
+        CubeBlock(t, sch, self.k, a, b, out, self.out_dtype, hits, cube_queues(prog, t, p),
+                  sa if sch.scale else None, sb if sch.scale else None).write(c)
+        body = c.body()
         bands, r0 = [], 0
         for e, m in enumerate(per):
             if m:
                 bands.append(Band(cdiv(m, t.base_m) * tn, body, bind=(("ex", e), ("r0", r0), ("rend", r0 + m))))
             r0 += m
-        groups = distribute(bands, chip.aic.count, gemm_flags(t.l0c_depth))
-        return Trace(self.name, chip.name, self.shape, groups, w.cube_flops, w.hbm_bytes, t.buffers(p),
-                     t.describe() | {"experts": len(bands), "blocks": sum(b.blocks for b in bands),
-                                     "scheme": self.dtype}, dtype=sch.cube)
+        return Trace(self.name, chip.name, self.shape, prog.groups(bands, chip.aic.count), w.cube_flops, w.hbm_bytes,
+                     prog.buffers(), t.describe() | {"experts": len(bands), "blocks": sum(b.blocks for b in bands),
+                                                     "scheme": self.dtype} | prog.tiling(), dtype=sch.cube)
