@@ -237,3 +237,11 @@ def test_cli_kernel_sim(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "npusim.cli.main", "kernel", "sim", "gemm", "--hw", "910c-die",
                           "--shape", "1,2,3,4,5"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_device_launch_adds_task_dispatch_and_core_start():
+    trace = stream(4, 1e6)
+    bare, device = simulate(trace, CHIP, launch="none"), simulate(trace, CHIP, launch="device")
+    o = CHIP.overheads
+    assert device.time == pytest.approx(bare.time + o.task_dispatch + o.core_start)
+    assert device.launch == pytest.approx(o.task_dispatch + o.core_start)

@@ -25,7 +25,9 @@ def register(sub) -> None:
     actions = _kernel_actions(sub)
     p = actions.add_parser("sim", help="simulate one kernel launch: time, pipe busy fractions, bound, roofline")
     add_kernel_args(p)  # name, --hw, --shape (dims in order or KEY=VALUE, options such as dtype=fp16), --set
-    p.add_argument("--launch", choices=LAUNCH_MODES, default="eager", help="launch overhead added (default eager)")
+    p.add_argument("--launch", choices=LAUNCH_MODES, default="eager",
+                   help="launch overhead added (default eager); device = one standalone launch's device time, as "
+                        "msprof's Task Duration counts it")
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome trace (open in Perfetto or chrome://tracing)")
     p.set_defaults(run=run_sim)
 

@@ -1,5 +1,16 @@
 """Simulating a kernel: the result (time, pipe busy fractions, bound, achieved rates, roofline) and its memo.
 
+Launch cost, added to the engine's time of the trace (the cores' busy span), by launch mode:
+  * device: one standalone launch as msprof's Task Duration counts it: the task's dispatch onto its cores and its
+    completion (`overheads.task_dispatch`, measured from raw profiles) and a core's prologue before its first tile
+    (`overheads.core_start`: kernel entry, arguments and tiling data read from GM). Cores start in parallel, so
+    the prologue counts once. Prologues a kernel writes itself (initialising outputs, an all-core barrier) belong
+    to its tiling, not here.
+  * eager / graph: what a model step pays per kernel launched from the host one by one or from a captured graph
+    (`overheads.kernel_launch` / `graph_launch`, fitted to published serving rows; they stand for the host's
+    enqueue and the device-side costs above together).
+  * none: no launch (a member of a fused kernel).
+
 Results are memoised by content: the trace's structure (kernel, shape, tiling, dtype and every instruction, actions
 excluded) and the chip's field values (its repr, which leaves out provenance). 61 identical MoE layers, or the
 same GEMM at many sweep points, cost one simulation.
@@ -16,7 +27,7 @@ from npusim.errors import NpusimError
 from npusim.kernels.trace import Loop, Node, Trace
 from npusim.spec.chip import Chip
 
-LAUNCH_MODES = ("eager", "graph", "none")
+LAUNCH_MODES = ("eager", "graph", "device", "none")
 DMA_PIPES = ("mte2", "mte3", "fixpipe")
 MEMO_SIZE = 4096
 
@@ -85,7 +96,9 @@ def roofline(trace: Trace, chip: Chip) -> tuple[float, str]:
 def launch_cost(chip: Chip, mode: str) -> float:
     if mode not in LAUNCH_MODES:
         raise NpusimError(f"launch mode '{mode}' is not one of {', '.join(LAUNCH_MODES)}")
-    return {"eager": chip.overheads.kernel_launch, "graph": chip.overheads.graph_launch, "none": 0.0}[mode]
+    o = chip.overheads
+    return {"eager": o.kernel_launch, "graph": o.graph_launch, "device": o.task_dispatch + o.core_start,
+            "none": 0.0}[mode]
 
 
 def summarise(trace: Trace, chip: Chip, outcome: Outcome, launch: float) -> KernelResult:

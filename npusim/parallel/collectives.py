@@ -7,6 +7,15 @@ fixed `setup` (software start-up, calibrated) once, plus `latency` per algorithm
 (HIXL-style KV transfer, ring P2P) pays only the latency. Bandwidth between two ranks of a
 full mesh is one link (tier bandwidth / links per rank); switched tiers (switch, Clos, fat tree) give each rank its
 whole port bandwidth to any peer. All rates are scaled by the chip's calibrated `efficiency.link`.
+
+HCCL inside a node (a system with an `hccl:` block; all-gather, reduce-scatter and all-reduce of a group that one
+node holds): each rank's shard reaches every peer, the peers on each tier at once — a 910C die reaches its package
+partner over SIO while the other dies' shards come over UB — so the bytes take the slowest tier's share. A
+collective whose per-rank data fits HCCL's AIV entry size runs as one vector-core kernel that writes to all peers
+in one round (`aiv_setup` and one latency); a larger one is expanded by the AI CPU into a ring of DMA steps
+(`aicpu_setup` and a latency per step): that switch is the 5x step in all-gather time near 512 KiB per rank on A3.
+A reduce-scatter then streams the g shards it holds through HBM to sum them (read g, write one); an all-reduce is a
+reduce-scatter and an all-gather. Rates are `hccl.efficiency` of the tiers' bandwidth.
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ import math
 from dataclasses import dataclass
 
 from npusim.errors import NpusimError, did_you_mean
-from npusim.spec.system import System, Tier
+from npusim.spec.system import HCCL_KINDS, Hccl, System, Tier
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p", "broadcast")
 ALGORITHMS = ("auto", "ring", "mesh", "hierarchical")
@@ -89,6 +98,11 @@ def collective_time(c: Collective, system: System) -> CommResult:
     eff = system.chip_spec.efficiency.link
     span = c.group * c.stride
     tier_name, tier = system.tier_for(span)
+    hccl = _node_hccl(c, system, span)
+    if hccl is not None and c.bytes > 0:
+        t = _hccl_time(c, system, hccl, span)
+        return CommResult(t, "hccl-aiv" if _per_rank(c) <= hccl.aiv_entry[c.kind] else "hccl-aicpu-ring",
+                          tier_name, c.bytes / t)
     setup = tier.setup if c.kind != "p2p" and c.group > 1 and c.bytes > 0 else 0.0
     options: dict[str, float] = {}
     if c.algorithm in ("auto", "ring", "mesh"):
@@ -138,3 +152,44 @@ def _hier_gather(size: float, g_in: int, d: int, itier: Tier, outer: Tier, eff: 
     outer_part = min(_flat("all_gather", size / g_in, d, outer, eff, alg) for alg in ("ring", "mesh"))
     inner_part = min(_flat("all_gather", size, g_in, itier, eff, alg) for alg in ("ring", "mesh"))
     return outer_part + inner_part
+
+
+# ------------------------------------------------------------------------------------------------ HCCL in a node
+def _node_hccl(c: Collective, system: System, span: int) -> Hccl | None:
+    """The system's HCCL model when it applies: a group of more than one rank inside one node, a kind it covers,
+    and the plain algorithm choice."""
+    h = system.hccl
+    if h is None or c.kind not in HCCL_KINDS or c.group < 2 or c.algorithm != "auto":
+        return None
+    return h if span <= system.ranks_per_node else None
+
+
+def _per_rank(c: Collective) -> float:
+    """HCCL's data size: the per-rank shard of an all-gather / reduce-scatter, the whole tensor of an all-reduce."""
+    return c.bytes if c.kind == "all_reduce" else c.bytes / c.group
+
+
+def _hccl_exchange(shard: float, c: Collective, system: System, h: Hccl, aiv: bool) -> float:
+    """Every rank's `shard` to each peer: the peers within each tier's domain (and not an inner one's) are served
+    at once, so the slowest tier decides; the AIV kernel pays one latency, the AI CPU's ring one per step."""
+    times, inner, latency = [], 1, 0.0
+    for _, tier in system.tiers.items():
+        members = min(c.group, max(1, tier.size // c.stride))
+        peers = members - inner
+        if peers > 0:
+            times.append(shard * peers / _fan_bw(tier, peers, h.efficiency))
+            latency = tier.latency
+        inner = max(inner, members)
+        if members >= c.group:
+            break
+    return max(times) + latency * (1 if aiv else c.group - 1)
+
+
+def _hccl_time(c: Collective, system: System, h: Hccl, span: int) -> float:
+    chip = system.chip_spec
+    shard = c.bytes / c.group
+    aiv = _per_rank(c) <= h.aiv_entry[c.kind]
+    transfer = _hccl_exchange(shard, c, system, h, aiv)
+    reduce = c.group * shard / (chip.hbm.bandwidth * chip.efficiency.hbm)  # sum the g shards a rank holds, in HBM
+    body = {"all_gather": transfer, "reduce_scatter": transfer + reduce, "all_reduce": 2 * transfer + reduce}[c.kind]
+    return (h.aiv_setup if aiv else h.aicpu_setup) + body

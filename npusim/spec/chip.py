@@ -91,6 +91,12 @@ class Overheads:
     kernel_launch: float = quantity("time", minimum=0.0, strict=False, doc="eager launch of one kernel")
     graph_launch: float = quantity("time", minimum=0.0, strict=False, doc="per kernel inside a captured graph")
     cross_core_sync: float = quantity("time", minimum=0.0, strict=False, doc="one AIC<->AIV flag hand-off through GM")
+    task_dispatch: float = quantity("time", minimum=0.0, strict=False,
+                                    doc="device-side dispatch of a kernel task onto its cores and its completion: "
+                                        "what msprof Task Duration counts beyond the busiest core's active time")
+    core_start: float = quantity("time", minimum=0.0, strict=False,
+                                 doc="a core's prologue before its first tile (kernel entry, arguments and tiling "
+                                     "data read from GM by the scalar unit); the cores start in parallel")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from npusim.errors import NpusimError, did_you_mean
 from npusim.spec.catalog import Catalog, Provenance
 from npusim.spec.chip import CHIPS, Chip, load_chip
-from npusim.spec.schema import count, internal, quantity, text
+from npusim.spec.schema import count, internal, quantity, ratio, table, text
 
 TOPOLOGIES = ("on-package", "full-mesh", "clos", "switch", "fat-tree")
 
@@ -29,6 +29,23 @@ class Tier:
     links_per_rank: int = count(default=1)
 
 
+HCCL_KINDS = ("all_gather", "reduce_scatter", "all_reduce")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hccl:
+    """How HCCL runs the collectives of a group inside one node (AIV expansion mode, HCCL_OP_EXPANSION_MODE=AIV):
+    a collective whose per-rank data fits `aiv_entry` is one kernel on the vector cores; a larger one is expanded by
+    the AI CPU into a ring of DMA steps, which starts later. Both move data at `efficiency` of the tiers' bandwidth
+    (timing in npusim.parallel.collectives)."""
+
+    aiv_entry: dict[str, float] = table(quantity("bytes"), keys=HCCL_KINDS,
+                                        doc="largest per-rank data of the one-kernel AIV path, per collective kind")
+    aiv_setup: float = quantity("time", minimum=0.0, strict=False, doc="fixed cost of an AIV-path collective")
+    aicpu_setup: float = quantity("time", minimum=0.0, strict=False, doc="fixed cost of an AI CPU-expanded one")
+    efficiency: float = ratio(doc="fraction of the tiers' bandwidth an HCCL collective moves data at")
+
+
 @dataclass(frozen=True, kw_only=True)
 class System:
     name: str = text()
@@ -37,6 +54,7 @@ class System:
     chips: int = count(doc="packages in the system")
     chips_per_node: int = count()
     tiers: dict[str, Tier]
+    hccl: Hccl | None = None
     host_link: float = quantity("bandwidth", doc="host <-> device per rank, per direction (KV offload)")
     power_per_chip: float = quantity("power", doc="all-in system power per package (CPUs, switches, optics)")
     price_per_chip: float = quantity("money", doc="all-in system price per package")
