@@ -32,6 +32,7 @@ then picks by itself; the cube keeps the whitepaper MXFP4 rate.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from concurrent.futures import ProcessPoolExecutor
@@ -60,17 +61,18 @@ WORKERS = 2  # the speed target is the whole table in under 30 s on 2 cores
 DEVICE_LAUNCH = "device"  # one standalone launch: the trace plus task dispatch and core start-up
 
 # Which rows each fitted (or measured-and-derived) parameter was set from; the YAML sources name the same rows.
-FITS = {
-    "K20": "efficiency.cube (910c-die)", "K21": "efficiency.cube (910c-die)",
-    "K22": "efficiency.cube, efficiency.l2 (910b2)",
-    "K23": "efficiency.l2, mte2.latency_cycles (950pr)", "K24": "mte1 mxfp4 route (950pr, measured profile)",
-    "K135": "overheads.task_dispatch (910b2 family, measured from its raw profile)",
-    "K136": "overheads.task_dispatch (910b2 family, measured from its raw profile)",
-    "K187": "overheads.core_start (910b2 family)", "K195": "overheads.core_start (910b2 family)",
-    "K116": "overheads.core_start (950pr)",
-    "K199": "hccl.aiv_setup (atlas-800-a3)", "K200/7KB": "hccl.aiv_setup (atlas-800-a3)",
-    "K200/14KB": "hccl.aiv_setup (atlas-800-a3)", "K203/1.3MB": "hccl.aicpu_setup (atlas-800-a3)",
-    "K204/40MB": "hccl.efficiency (atlas-800-a3)",
+FITS: dict[str, tuple[str, ...]] = {
+    "K20": ("efficiency.cube (910c-die)",), "K21": ("efficiency.cube (910c-die)",),
+    "K22": ("efficiency.cube (910b2)", "efficiency.l2 (910b2)"),
+    "K23": ("efficiency.l2 (950pr)", "aic.pipes.mte2.latency_cycles (950pr)"),
+    "K24": ("aic.pipes.mte1 l1>l0:mxfp4 route (950pr, the kernel's measured profile)",),
+    "K135": ("overheads.task_dispatch (910b2 family, from the raw profile)",),
+    "K136": ("overheads.task_dispatch (910b2 family, from the raw profile)",),
+    "K187": ("overheads.core_start (910b2 family)",), "K195": ("overheads.core_start (910b2 family)",),
+    "K116": ("overheads.core_start (950pr)",),
+    "K199": ("hccl.aiv_setup (atlas-800-a3)",), "K200/7KB": ("hccl.aiv_setup (atlas-800-a3)",),
+    "K200/14KB": ("hccl.aiv_setup (atlas-800-a3)",), "K203/1.3MB": ("hccl.aicpu_setup (atlas-800-a3)",),
+    "K204/40MB": ("hccl.efficiency (atlas-800-a3)",),
 }
 
 
@@ -79,6 +81,7 @@ class Prediction:
     time_us: float
     bound: str
     roofline_us: float = math.nan
+    before_us: float = math.nan  # the same row without this issue's launch floor and HCCL model (f97c817's npusim)
 
 
 def shape_of(text: str) -> dict[str, str]:
@@ -93,12 +96,13 @@ def predict_kernel(row: pd.Series) -> Prediction:
     chip = chip_named(row["chip"])
     trace = catalog.kernel(row["kernel"], shape_of(row["shape"])).trace(chip)
     r = simulate(trace, chip, launch=DEVICE_LAUNCH)
-    time = r.time
+    time, bare = r.time, r.time - r.launch
     if row["convention"] == "host":
         time += row["launches"] * chip.overheads.kernel_launch
+        bare += row["launches"] * chip.overheads.kernel_launch
     if row["convention"] == "in-network-delta":  # npusim times an op in a step as its isolated launch
-        time = 0.0
-    return Prediction(time * 1e6, r.bound, r.roofline * 1e6)
+        time = bare = 0.0
+    return Prediction(time * 1e6, r.bound, r.roofline * 1e6, bare * 1e6)
 
 
 def predict_collective(row: pd.Series) -> Prediction:
@@ -107,8 +111,9 @@ def predict_collective(row: pd.Series) -> Prediction:
     s = shape_of(row["shape"])
     shard, group = units.parse(s["shard"], "bytes"), int(s["group"])
     size = shard if row["kernel"] == "all_reduce" else shard * group
-    r = collective_time(Collective(row["kernel"], size, group), system_named(row["chip"]))
-    return Prediction(r.time * 1e6, f"{r.tier} {r.algorithm}")
+    c, system = Collective(row["kernel"], size, group), system_named(row["chip"])
+    r, generic = collective_time(c, system), collective_time(c, dataclasses.replace(system, hccl=None))
+    return Prediction(r.time * 1e6, f"{r.tier} {r.algorithm}", before_us=generic.time * 1e6)
 
 
 def predict(row: pd.Series) -> Prediction | str:
@@ -156,7 +161,8 @@ def table(rows: pd.DataFrame | None = None, workers: int = WORKERS) -> pd.DataFr
                     "predicted_us": p.time_us if ok else math.nan,
                     "error_%": 100 * (p.time_us - row["measured_us"]) / row["measured_us"] if ok else math.nan,
                     "bound": p.bound if ok else "", "roofline_us": p.roofline_us if ok else math.nan,
-                    "fit": FITS.get(key(row), ""), "expressed": ok,
+                    "before_%": 100 * (p.before_us - row["measured_us"]) / row["measured_us"] if ok else math.nan,
+                    "fit": "; ".join(FITS.get(key(row), ())), "expressed": ok,
                     "note": "; ".join(x for x in (row["assumption"], row["note"] if ok else p) if x)})
     return pd.DataFrame(out)
 
@@ -166,8 +172,19 @@ def medians(frame: pd.DataFrame) -> pd.DataFrame:
     iso = frame[frame.expressed & frame.convention.isin(ISOLATED)].assign(abs_err=lambda f: f["error_%"].abs())
     groups = [("all", iso)] + [(kind, g) for kind, g in iso.groupby("kind", sort=True)]
     return pd.DataFrame([{"kind": kind, "rows": len(g), "median |err| %": g.abs_err.median(),
-                          "out of sample": g[g.fit == ""].abs_err.median(), "within 15 %": (g.abs_err <= 15).sum()}
+                          "out of sample": g[g.fit == ""].abs_err.median(), "within 15 %": (g.abs_err <= 15).sum(),
+                          "before (f97c817) %": g["before_%"].abs().median()}
                          for kind, g in groups])
+
+
+def fitted() -> pd.DataFrame:
+    """Each fitted (or measured-and-derived) parameter with the rows it was set from; its value and source are in
+    the hardware file it names."""
+    by: dict[str, list[str]] = {}
+    for row, params in FITS.items():
+        for param in params:
+            by.setdefault(param, []).append(row)
+    return pd.DataFrame([{"parameter": p, "rows": ", ".join(r)} for p, r in by.items()])
 
 
 def in_network(frame: pd.DataFrame) -> pd.DataFrame:
@@ -208,7 +225,7 @@ def scatter(frame: pd.DataFrame, path: Path) -> None:
 
 
 def markdown(frame: pd.DataFrame) -> str:
-    fmt = {"measured_us": 4, "predicted_us": 4, "error_%": 1, "roofline_us": 4}
+    fmt = {"measured_us": 4, "predicted_us": 4, "error_%": 1, "roofline_us": 4, "before_%": 1}
     shown = frame.round(fmt)
     iso = shown[shown.expressed & shown.convention.isin(ISOLATED)].drop(columns="expressed")
     missing = shown[~shown.expressed][["row", "kind", "convention", "measured_us", "note"]]
@@ -218,6 +235,10 @@ def markdown(frame: pd.DataFrame) -> str:
             "rows with that plus the eager launch per kernel; in-network rows have their own section.", "",
             "## Median |error| by kernel kind (isolated-kernel rows)", "",
             medians(frame).round(1).to_markdown(index=False), "",
+            "`before (f97c817)`: the same rows timed without this issue's launch floor and HCCL model (device-only "
+            "time, the generic collective model with the tier setup).", "",
+            "## Fitted parameters and their rows (every other row is out of sample)", "",
+            fitted().to_markdown(index=False), "",
             "## Isolated-kernel rows", "", iso.to_markdown(index=False), "",
             "## In-network rows (beside the replay of the same shape)", "",
             in_network(frame).round(2).to_markdown(index=False), "",
@@ -228,7 +249,7 @@ def markdown(frame: pd.DataFrame) -> str:
 def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     frame = table()
-    frame.round({"predicted_us": 4, "error_%": 2, "roofline_us": 4}).to_csv(RESULTS / "kernel_validation.csv",
+    frame.round({"predicted_us": 4, "error_%": 2, "roofline_us": 4, "before_%": 2}).to_csv(RESULTS / "kernel_validation.csv",
                                                                              index=False)
     (RESULTS / "kernel_validation.md").write_text(markdown(frame))
     scatter(frame, RESULTS / "kernel_validation.png")
