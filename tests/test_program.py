@@ -160,3 +160,22 @@ def test_flags_are_never_named_by_hand():
 def test_kernels_on_the_layer_write_no_flags(module):
     source = inspect.getsource(module)
     assert "wait=" not in source and "set=" not in source
+
+
+def test_plan_buffering_is_the_queue_depth_of_kernels_on_the_layer():
+    """A plan's buffering reaches a kernel on the layer as its double-buffered queues' depth (L1, L0 and the two
+    L0C accumulators here), buffer use following; a kernel still naming flags by hand gets its trace rewritten."""
+    from npusim.kernels.catalog import kernel
+    from npusim.parallel.optime import kernel_trace
+
+    chip = load_chip("910c-die")
+    k = kernel("gemm", {"m": 2048, "n": 1536, "k": 7168, "l0c_depth": 2})
+    single, double = kernel_trace(k, chip, 1), kernel_trace(k, chip, 0)
+    assert {f: single.groups[0].flags[f] for f in ("l1.free", "l0.free", "l0c.free")} == {
+        "l1.free": 1, "l0.free": 1, "l0c.free": 1}
+    assert double.groups[0].flags["l1.free"] == 2 and single.tiling["buffering"] == 1
+    assert single.buffers == {level: used / 2 for level, used in double.buffers.items()}
+    assert simulate(single, chip).time > simulate(double, chip).time
+    rows = kernel_trace(kernel("rowwise", {"rows": 8192, "dim": 1536}), chip, 1)
+    assert "buffering" not in type(kernel("rowwise", {"rows": 1, "dim": 1})).options
+    assert rows.groups[0].flags["ub.free"] == 1

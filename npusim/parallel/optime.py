@@ -7,7 +7,9 @@ with the op's query-key pairs; norms onto the row-wise vector kernel; every othe
 same name (KERNEL_OF lists the exceptions).
 
 How the step runs an op (`OpRun`) acts on the mechanism it names: the plan's kernel options become the kernel's
-tiling; a buffering depth rewrites the trace's slot semaphores; a core partition simulates the kernel on that many
+tiling; a buffering depth is the depth of the kernel's double-buffered queues (kernels on the tile-program layer,
+npusim.kernels.program) or, for the kernels still written with hand-named flags, rewrites the trace's slot
+semaphores (`buffered`); a core partition simulates the kernel on that many
 cores with their share of HBM and L2; a fused group's intermediates are read from / written to L2 instead of HBM.
 """
 
@@ -205,12 +207,17 @@ ACTIVATION_INPUT = {"gemm": "a", "grouped_gemm": "a", "rowwise": "x"}
 
 
 def kernel_trace(k: Kernel, chip: Chip, buffering: int = 0) -> Trace:
-    """The trace an op runs: the kernel's tiling at the plan's buffering depth (0 = the kernel as written)."""
+    """The trace an op runs: the kernel's tiling at the plan's buffering depth (0 = the kernel as written). A kernel
+    with a `buffering` option (written on the tile-program layer) takes it as the depth of its double-buffered
+    queues, its buffer use their depth times their slots; the others get their trace rewritten (`buffered`)."""
+    if buffering and "buffering" in type(k).options:
+        return dataclasses.replace(k, buffering=buffering).trace(chip)
     return buffered(k.trace(chip), buffering, chip)
 
 
 def buffered(trace: Trace, depth: int, chip: Chip) -> Trace:
-    """The trace with every double-buffered slot (a 'free' semaphore starting at 2) `depth` deep: 1 = single
+    """The old path, for kernels that still name their flags by hand (attention, the indexer, the row-wise and
+    vector kernels): every double-buffered slot (a 'free' semaphore starting at 2) `depth` deep: 1 = single
     buffering (the producer waits until the consumer has drained the one slot), 3 = triple. Buffer use scales with
     the depth (an upper bound where a level also holds single-buffered tiles); a depth that does not fit is refused.
     0 keeps the kernel as written."""

@@ -112,7 +112,7 @@ class KernelOptions:
                            doc="buffer depth of the pipelined loops: 1 single, 2 double, 3 triple buffering")
 
     def tiling(self) -> dict[str, int]:
-        """The tile sizes that were set (buffering apart: it rewrites the trace, see optime.buffered)."""
+        """The tile sizes that were set (buffering apart: it reaches the kernel through optime.kernel_trace)."""
         return {k: v for k, v in vars(self).items() if k != "buffering" and v}
 
 
