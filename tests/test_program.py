@@ -9,7 +9,7 @@ import pytest
 from npusim.engine import simulate
 from npusim.errors import NpusimError
 from npusim.functional.executor import execute
-from npusim.kernels import gemm, projection
+from npusim.kernels import gemm, indexer, projection
 from npusim.kernels.base import Band
 from npusim.kernels.program import AIC, AIV, TileProgram, stage
 from npusim.kernels.tile import Act, Ref, lin
@@ -156,7 +156,7 @@ def test_flags_are_never_named_by_hand():
         v.op("mte2", "load", wait=("in.free",))
 
 
-@pytest.mark.parametrize("module", [gemm, projection])
+@pytest.mark.parametrize("module", [gemm, indexer, projection])
 def test_kernels_on_the_layer_write_no_flags(module):
     source = inspect.getsource(module)
     assert "wait=" not in source and "set=" not in source

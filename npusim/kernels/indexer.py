@@ -15,6 +15,16 @@ How the launch is cut into units of equal work, each one loop of key-tile steps:
     (SyncAll) one vector core per token merges the ranges;
   * causal prefill: query blocks qb and nq-1-qb share a unit (their key tiles sum to a constant), so the causal
     triangle is one loop of identical units, Q of both resident; each step selects its query block and key tile.
+
+Written on the tile-program layer (npusim.kernels.program): the queues of `Queues` — on the AIC Q and W~ (L1),
+K (L1, three half-tile buffers), the row chunk's Q and W~ (L0A), K and S' chunks (L0B), S and P (L0C), S' (L1);
+the score workspace's two GM slots from the AIC to its AIVs; on each AIV the scores (UB), the running top-k and
+the partials being merged — between the stages of `Launch` (AIC: CopyInQ, CopyInK, LoadL0, C1, ReLU, C2,
+CopyOutScores; AIV: CopyInScores, Select, TopkInit, CopyOutTopk; after the SyncAll: MergePart, CopyOutMerged).
+A plan's `buffering` is the depth of the double-buffered queues (the layout is chosen for double buffering, so a
+deeper one that does not fit is refused). Known limit kept from the hand-written trace: the running top-k's queue
+runs two deep, so a unit's first selection may start while the last unit's top-k is still being stored, but UB
+holds one top-k per part.
 """
 
 from __future__ import annotations
@@ -24,10 +34,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from npusim.errors import NpusimError
-from npusim.kernels.base import (Band, Kernel, Work, addr, capacity, cdiv, distribute, ins, nbytes, need_cube,
-                                 pingpong, register, scaled)
+from npusim.kernels.base import Band, Kernel, Work, cdiv, capacity, nbytes, need_cube, register, scaled
+from npusim.kernels.program import AIC, AIV, AIVS, Code, Queue, TileProgram, stage
 from npusim.kernels.tile import Act, Lin, Ref, lin
-from npusim.kernels.trace import Node, Trace
+from npusim.kernels.trace import Trace
 from npusim.spec.chip import Chip
 
 QUANTISED = ("int8", "fp8")  # q and k with per-(token, head) and per-key scales (models.md §1.3, §3.4)
@@ -36,7 +46,7 @@ SCORE_DT = "fp16"  # S' and W~ in L1, the dtype of the head-reduction matmul (mo
 PREFILL_ROWS = 512  # query rows of Huawei's basic block (models.md §3.4)
 LAG = 2  # key chunks by which the head reduction trails C1 (FIXPIPE and MTE1 bring S' into L0B meanwhile)
 ELEMENT = {"bf16": "bf16", "fp16": "fp16", "int8": "int8", "fp8": "fp8e4m3"}  # functional format of q and k
-
+WS_HIT = 1.0  # the C->V score workspace: two slots of tb x bn fp32 per core, written and read at once (L2)
 
 def topk_cycles(chip: Chip, k: int, presorted: bool = False) -> tuple[float, float]:
     """(cycles per candidate key, fixed cycles per row) of an exact top-k, models.md §3.4: A2/A3 VBS32 + VMS4
@@ -79,6 +89,26 @@ class Plan:
         return first, (self.split if a == 0 else self.nr - self.split) * self.tpc
 
 
+@dataclass(frozen=True)
+class Queues:
+    """One launch's queues (see the module docstring); `ws`: the score workspace's two GM slots, each its own
+    queue because the code names the slot a step writes."""
+
+    q: Queue  # Q and W~ of a unit in L1 (MTE2 -> MTE1; the cube gives them back at the unit's end)
+    k: Queue  # K half tiles in L1 (MTE2 -> MTE1)
+    qa: Queue  # the row chunk's Q in L0A (MTE1 -> cube)
+    wa: Queue  # the row chunk's W~ in L0A (MTE1 -> cube)
+    kb: Queue  # a K chunk in L0B (MTE1 -> cube)
+    s: Queue  # S = Q K^T in L0C (cube -> FIXPIPE)
+    s1: Queue  # S' = ReLU(S) in L1 (FIXPIPE -> MTE1)
+    sb: Queue  # S' in L0B (MTE1 -> cube)
+    pc: Queue  # P = W~ S' in L0C (cube -> FIXPIPE)
+    ws: tuple[Queue, Queue]  # a step's head-summed scores in GM (AIC FIXPIPE -> AIV MTE2)
+    ub: Queue  # the scores in UB (MTE2 -> vector)
+    top: Queue  # the running top-k (vector -> MTE3)
+    m: Queue  # a key range's partial top-k in UB (MTE2 -> vector)
+
+
 @register
 @dataclass(frozen=True)
 class LightningIndexer(Kernel):
@@ -88,7 +118,7 @@ class LightningIndexer(Kernel):
     are visible)."""
 
     name: ClassVar[str] = "lightning_indexer"
-    options: ClassVar[tuple[str, ...]] = ("dtype", "causal", "block_m", "block_n", "splits")
+    options: ClassVar[tuple[str, ...]] = ("dtype", "causal", "block_m", "block_n", "splits", "buffering")
     tokens: int
     keys: int
     heads: int = 64
@@ -100,6 +130,7 @@ class LightningIndexer(Kernel):
     block_m: int = 0  # query rows per block (0 = the tiler's choice: PREFILL_ROWS, fewer for decode)
     block_n: int = 512  # keys per block
     splits: int = 0  # key ranges per query block (0 = the tiler's choice)
+    buffering: int = 0  # depth of the double-buffered queues (0 = 2, as written)
 
     @property
     def quantised(self) -> bool:
@@ -150,21 +181,43 @@ class LightningIndexer(Kernel):
         cap = capacity(chip)
         plans = [Plan(tb, tb * H, tpc, c_m, c_n, nr, cdiv(nr, 2), bn, nq, full, cdiv(full, tps), tps, paired)
                  for c_n in (128, 64, 32, 16) if (bn // 2) % c_n == 0]
-        return next((p for p in plans if all(v <= cap[lv] for lv, v in self.buffers(p).items())), plans[-1])
+        return next((p for p in plans if all(v <= cap[lv] for lv, v in self.buffers(chip, p).items())), plans[-1])
 
-    def buffers(self, p: Plan) -> dict[str, float]:
-        """Bytes per core of each level: Q (both parts of a causal pair) and the block-diagonal W~ resident in L1
-        beside K in three half-tile slots and two S' chunks; L0A Q and two W~ chunks; L0B two K and two S' chunks;
-        L0C two S chunks and two P accumulators; UB the scores, key scales and the running top-k of each part."""
-        dt, D, K, c_m, c_n, bn = self.dtype, self.dim, self.topk, p.c_m, p.c_n, p.bn
-        na = max(p.tokens_of(a)[1] for a in range(2))
-        return {"l1": p.parts * (nbytes(dt, p.rows, D) + nbytes(SCORE_DT, p.nr * 16, c_m)) + 3 * nbytes(dt, bn // 2, D)
-                + 2 * nbytes(SCORE_DT, c_m, c_n),
-                "l0a": nbytes(dt, c_m, D) + 2 * nbytes(SCORE_DT, 16, c_m),
-                "l0b": 2 * (nbytes(dt, c_n, D) + nbytes(SCORE_DT, c_m, c_n)),
-                "l0c": 2 * 4.0 * c_m * c_n + 2 * 4.0 * 16 * bn,
-                "ub": max(4.0 * na * bn * 3 + (8.0 * bn if self.quantised else 0.0) + 8.0 * p.parts * na * K,
-                          24.0 * K)}
+    def buffers(self, chip: Chip, p: Plan) -> dict[str, float]:
+        """Bytes per core of each level with the queues as written (double-buffered), for choosing the layout."""
+        prog = TileProgram(self.name, chip)
+        return self.used(prog, self.queues(prog, p), p)
+
+    def queues(self, prog: TileProgram, p: Plan) -> Queues:
+        """L1: Q and the block-diagonal W~ of each part of a unit (one buffer), K in three half-tile buffers, two
+        S' chunks; L0A: the row chunk's Q and two W~ chunks; L0B: two K and two S' chunks; L0C: two S chunks and
+        two P accumulators. UB is counted by `ub` (its two phases reuse it)."""
+        dt, D, bn, c_m, c_n = self.dtype, self.dim, p.bn, p.c_m, p.c_n
+        q = prog.queue
+        return Queues(
+            q("q", (AIC, "mte2"), (AIC, "mte1"), depth=1,
+              slot={"l1": p.parts * (nbytes(dt, p.rows, D) + nbytes(SCORE_DT, p.nr * 16, c_m))}),
+            q("k", (AIC, "mte2"), (AIC, "mte1"), depth=3, slot={"l1": nbytes(dt, bn // 2, D)}),
+            q("qa", (AIC, "mte1"), (AIC, "cube"), depth=1, slot={"l0a": nbytes(dt, c_m, D)}),
+            q("wa", (AIC, "mte1"), (AIC, "cube"), depth=2, slot={"l0a": nbytes(SCORE_DT, 16, c_m)}),
+            q("kb", (AIC, "mte1"), (AIC, "cube"), depth=2, slot={"l0b": nbytes(dt, c_n, D)}),
+            q("s", (AIC, "cube"), (AIC, "fixpipe"), depth=2, slot={"l0c": 4.0 * c_m * c_n}),
+            q("s1", (AIC, "fixpipe"), (AIC, "mte1"), depth=2, slot={"l1": nbytes(SCORE_DT, c_m, c_n)}),
+            q("sb", (AIC, "mte1"), (AIC, "cube"), depth=2, slot={"l0b": nbytes(SCORE_DT, c_m, c_n)}),
+            q("pc", (AIC, "cube"), (AIC, "fixpipe"), depth=2, slot={"l0c": 4.0 * 16 * bn}),
+            tuple(q(f"ws{i}", (AIC, "fixpipe"), (AIV, "mte2"), depth=1) for i in range(2)),
+            q("ub", (AIV, "mte2"), (AIV, "vector"), depth=2),
+            q("top", (AIV, "vector"), (AIV, "mte3"), depth=2),
+            q("m", (AIV, "mte2"), (AIV, "vector"), depth=2))
+
+    def used(self, prog: TileProgram, q: Queues, p: Plan) -> dict[str, float]:
+        """The queues' buffers, and UB: in the scoring phase a step's scores (and key scales) per buffer of `ub`,
+        the masked scores and the running top-k of each part; in the merge, a partial per buffer of `m` and the
+        merged top-k."""
+        na, bn, K = max(p.tokens_of(a)[1] for a in range(AIVS)), p.bn, self.topk
+        scores = 4.0 * na * bn + (4.0 * bn if self.quantised else 0.0)
+        return prog.buffers() | {"ub": max(q.ub.depth * scores + 4.0 * na * bn + 8.0 * p.parts * na * K,
+                                           (q.m.depth + 1) * 8.0 * K)}
 
     def tiles(self, qb: int, tb: int, full: int) -> int:
         """Key tiles query block qb needs (queries are the last `tokens` positions of `keys`)."""
@@ -244,248 +297,357 @@ class LightningIndexer(Kernel):
     def build(self, chip: Chip) -> Trace:
         need_cube(chip, self.dtype)
         p = self.plan(chip)
-        H, D, T, S, K, B = self.heads, self.dim, self.tokens, self.keys, self.topk, self.batch
-        dt, bn, c_m, c_n, tpc, nr, rows, tb = self.dtype, p.bn, p.c_m, p.c_n, p.tpc, p.nr, p.rows, p.tb
-        fe = ELEMENT.get(dt, dt)
-        kh, nj = bn // 2, bn // c_n  # K arrives in two halves per step; nj key chunks per step
-        jh = kh // c_n  # key chunks per half
-        vflops = chip.aiv.vector.flop_per_cycle["fp32"]
-        per_key, fixed = topk_cycles(chip, K)
-        merge_key, _ = topk_cycles(chip, K, presorted=True)
-        off, R, quant = S - T, B * T, self.quantised
-        ws_hit = 1.0  # the C->V score workspace: two slots of tb x bn fp32 per core, written and read at once (L2)
+        prog = TileProgram(self.name, chip, self.buffering)
+        q = self.queues(prog, p)
         # K is re-read by every query block of its sequence: from L2 after the first read when a sequence's keys fit
         # there, else only by the query blocks in flight together
-        loads = sum(self.tiles(q, tb, p.full) for q in range(p.nq))
-        hit_k = 1 - p.full / loads if nbytes(dt, S, D) <= chip.l2.size / 2 else 1 - 1 / min(p.nq, chip.aic.count)
-        kstop = lin(("bi", S), base=S)
-        deq = DEQ if self.quantised else 1.0
-
-        def step_vars(C: int, paired: bool, j: Lin) -> Node:
-            """sel: which part this step serves; kt: its key tile; qb: its query block."""
-            sel = lin(("j", 1), ("s0", -1), base=C, div=C) if paired else Lin(0)
-            return addr(j=j, sel=sel, kt=lin(("k0", 1), ("j", 1), (("sel", "s0"), -1)),
-                        qb=lin(("qb0", 1), (("sel", "dq"), 1)))
-
-        # ------------------------------------------------------------------ AIC
-        def load_qw(r: int) -> list[Node]:
-            """Row chunk r's queries (kept in L0A for all its key chunks) and its block-diagonal head weights."""
-            return [
-                ins("mte1", "load_q", Act("copy", Ref("l0a.q", (0, 0), (c_m, D)),
-                                          (Ref("l1.q", (lin(("sel", rows), base=r * c_m), 0), (c_m, D)),), fe),
-                    bytes=nbytes(dt, c_m, D), dtype=dt, src="l1", dst="l0a", wait=("qa.free",), set=("qa.full",)),
-                ins("mte1", "load_w", Act("copy", Ref(f"l0a.w{r % 2}", (0, 0), (16, c_m)),
-                                          (Ref("l1.w", (lin(("sel", nr * 16), base=r * 16), 0), (16, c_m)),), SCORE_DT),
-                    bytes=nbytes(SCORE_DT, 16, c_m), dtype=SCORE_DT, src="l1", dst="l0a", wait=("wa.free",),
-                    set=("wa.full",))]
-
-        def c1(g: int) -> list[Node]:
-            """Chunk g = (row chunk r, key chunk j): K slice into L0B, S = Q K^T into L0C."""
-            r, j = divmod(g, nj)
-            h, first, last = j // jh, j % jh == 0, j % jh == jh - 1
-            k = Ref(f"l0b.k{g % 2}", (0, 0), (c_n, D))
-            return [
-                ins("mte1", "load_k", Act("copy", k, (Ref(f"l1.k{h}", ((j % jh) * c_n, 0), (c_n, D)),), fe),
-                    bytes=nbytes(dt, c_n, D), dtype=dt, src="l1", dst="l0b",
-                    wait=(("k.full",) if r == 0 and first else ()) + ("kb.free",),
-                    set=("kb.full",) + (("k.free",) if r == nr - 1 and last else ())),
-                ins("cube", "mmad", Act("mmad", Ref(f"l0c.s{g % 2}", (0, 0), (c_m, c_n)),
-                                        (Ref("l0a.q", (0, 0), (c_m, D)), k), "fp32",
-                                        (("transpose_b", True), ("accumulate", False))),
-                    flops=2.0 * c_m * c_n * D, dtype=dt, src="l0a", dst="l0c",
-                    wait=("qa.full",) * (j == 0) + ("kb.full", "s.free"),
-                    set=("kb.free", "s.full") + ("qa.free",) * (j == nj - 1))]
-
-        def relu(g: int) -> Node:
-            """FIXPIPE: ReLU (and DEQF16 for the quantised variants) on the way from L0C into L1 as fp16 S'."""
-            return ins("fixpipe", "relu_l1", Act("fixpipe", Ref(f"l1.s{g % 2}", (0, 0), (c_m, c_n)),
-                                                 (Ref(f"l0c.s{g % 2}", (0, 0), (c_m, c_n)),), SCORE_DT,
-                                                 (("relu", True), ("scale", deq))),
-                       bytes=nbytes(SCORE_DT, c_m, c_n), dtype=SCORE_DT, src="l0c", dst="l1",
-                       wait=("s.full", "s1.free"), set=("s.free", "s1.full"))
-
-        def c2(g: int, slot: int) -> list[Node]:
-            """The head reduction of chunk g: P[:, keys of j] = W~_r S' (16 x c_m times c_m x c_n); after a row
-            chunk's last key chunk its P rows go to the workspace of the AIV that owns them."""
-            r, j = divmod(g, nj)
-            sp = Ref(f"l0b.s{g % 2}", (0, 0), (c_m, c_n))
-            body = [
-                ins("mte1", "load_s", Act("copy", sp, (Ref(f"l1.s{g % 2}", (0, 0), (c_m, c_n)),), SCORE_DT),
-                    bytes=nbytes(SCORE_DT, c_m, c_n), dtype=SCORE_DT, src="l1", dst="l0b",
-                    wait=("s1.full", "sb.free"), set=("s1.free", "sb.full")),
-                ins("cube", "mmad_heads", Act("mmad", Ref(f"l0c.p{r % 2}", (0, j * c_n), (16, c_n)),
-                                              (Ref(f"l0a.w{r % 2}", (0, 0), (16, c_m)), sp), "fp32",
-                                              (("accumulate", False),)),
-                    flops=2.0 * 16 * c_m * c_n, dtype=SCORE_DT, src="l0a", dst="l0c",
-                    wait=("sb.full",) + ("wa.full", "pc.free") * (j == 0),
-                    set=("sb.free",) + ("wa.free", "pc.full") * (j == nj - 1))]
-            if j == nj - 1:
-                a = 0 if r < p.split else 1
-                first_r, last_r = r in (0, p.split), r in (p.split - 1, nr - 1)
-                body.append(ins("fixpipe", "scores_out", Act("fixpipe", Ref(f"ws.p{slot}", (r * tpc, 0), (tpc, bn)),
-                                                             (Ref(f"l0c.p{r % 2}", (0, 0), (tpc, bn)),), "fp32"),
-                                bytes=4.0 * tpc * bn, dtype="fp32", src="l0c", dst="gm", hit=ws_hit,
-                                wait=("pc.full",) + (f"ws.free{a}.{slot}",) * first_r,
-                                set=("pc.free",) + (f"c2v{a}.{slot}",) * last_r))
-            return body
-
-        def chunks(slot: int) -> list[Node]:
-            """The step's nr x nj chunks as one stream, the head reduction LAG chunks behind C1 (across row chunks
-            too), so FIXPIPE and MTE1 have S' in L0B before the cube wants it."""
-            body: list[Node] = []
-            n = nr * nj
-            for g in range(n + LAG):
-                if g < n:
-                    body += (load_qw(g // nj) if g % nj == 0 else []) + c1(g)
-                if g >= LAG:
-                    body += c2(g - LAG, slot)
-                if g < n:
-                    body.append(relu(g))
-            return body
-
-        def aic_step(C: int, paired: bool, slot: int, j: Lin) -> tuple[Node, ...]:
-            body: list[Node] = [step_vars(C, paired, j)]
-            for h in range(2):
-                body.append(ins("mte2", "load_k", Act("load", Ref(f"l1.k{h}", (0, 0), (kh, D)),
-                                                      (Ref("k", (lin(("bi", S), ("kt", bn), base=h * kh), 0), (kh, D),
-                                                           (kstop, D)),), fe),
-                                bytes=nbytes(dt, kh, D), dtype=dt, src="gm", dst="l1", hit=hit_k,
-                                wait=("k.free",), set=("k.full",)))
-            return tuple(body + chunks(slot))
-
-        def aic_unit(C: int, paired: bool) -> tuple[Node, ...]:
-            parts = 2 if paired else 1
-            pro: list[Node] = []
-            for q in range(parts):
-                pro += [ins("mte2", "load_q", Act("load", Ref("l1.q", (q * rows, 0), (rows, D)),
-                                                  (Ref("q", (lin(("bi", T * H), ("qb0", rows), ("dq", q * rows)), 0),
-                                                       (rows, D), (lin(("bi", T * H), base=T * H), D)),), fe),
-                            bytes=nbytes(dt, rows, D), dtype=dt, src="gm", dst="l1", wait=("q.free",) * (q == 0)),
-                        ins("mte2", "load_w", Act("headdiag", Ref("l1.w", (q * nr * 16, 0), (nr * 16, c_m)),
-                                                  (Ref("w", (lin(("bi", T), ("qb0", tb), ("dq", q * tb)), 0), (tb, H),
-                                                       (lin(("bi", T), base=T), H)),), SCORE_DT, (("tpc", tpc),)),
-                            bytes=nbytes(SCORE_DT, tb, H), dtype=SCORE_DT, src="gm", dst="l1",
-                            set=("q.full",) * (q == parts - 1))]
-            pro.append(ins("mte1", "wait_q", wait=("q.full",)))
-            steps = pingpong(C, lambda slot, j: aic_step(C, paired, slot, j), "jp")
-            return tuple(pro) + steps + (ins("cube", "release_q", set=("q.free",)),)
-
-        # ------------------------------------------------------------------ AIV
-        def aiv_step(a: int, C: int, paired: bool, slot: int, j: Lin) -> tuple[Node, ...]:
-            f, n = p.tokens_of(a)
-            pb = Ref(f"ub.p{slot}", (0, 0), (n, bn))
-            ks = (Ref(f"ub.ks{slot}", (0, 0), (1, bn)),) if quant else ()
-            kpos = lin(("kt", bn))
-            body: list[Node] = [
-                step_vars(C, paired, j),
-                ins("mte2", "load_scores", Act("load", pb, (Ref(f"ws.p{slot}", (f, 0), (n, bn)),), "fp32"),
-                    bytes=4.0 * n * bn, dtype="fp32", src="gm", dst="ub", hit=ws_hit,
-                    wait=(f"c2v{a}.{slot}", f"ub.free{a}"), set=(f"ws.free{a}.{slot}", f"ub.full{a}"))]
-            if quant:
-                src = Ref("ks", (0, lin(("bi", S), ("kt", bn))), (1, bn), (None, kstop))
-                body.append(ins("mte2", "load_key_scales", Act("load", ks[0], (src,), "fp32"),
-                                bytes=4.0 * bn, dtype="fp32", src="gm", dst="ub", hit=hit_k))
-            ui = Ref("ub.i", (0, 0), (n, bn))
-            top = Ref("ub.top", (lin(("sel", 2 * n)), 0), (2 * n, K))
-            body += [
-                ins("vector", "scores", Act("li_scores", ui, (pb,) + ks, "fp32",
-                                            (("qpos", lin(("qb", tb), base=off + f)), ("kpos", kpos), ("keys", S),
-                                             ("causal", bool(self.causal)))),
-                    flops=2.0 * n * bn, bytes=4.0 * n * bn, dtype="fp32", src="ub", dst="ub",
-                    wait=(f"ub.full{a}",), set=(f"ub.free{a}",)),
-                ins("vector", "topk_merge", Act("topk_merge", top, (top, ui), "fp32", (("kpos", kpos),)),
-                    flops=per_key * bn * n * vflops, bytes=4.0 * n * bn, dtype="fp32", src="ub", dst="ub")]
-            return tuple(body)
-
-        def aiv_unit(a: int, C: int, paired: bool) -> tuple[Node, ...]:
-            f, n = p.tokens_of(a)
-            if not n:
-                return ()
-            parts = 2 if paired else 1
-            body: tuple[Node, ...] = tuple(ins("vector", "topk_init", Act("topk_init", Ref("ub.top", (2 * n * q, 0),
-                                                                                           (2 * n, K))),
-                                               bytes=8.0 * n * K, dtype="fp32", dst="ub", wait=(f"top.free{a}",))
-                                           for q in range(parts))
-            body += pingpong(C, lambda slot, j: aiv_step(a, C, paired, slot, j), "jp")
-            for q in range(parts):
-                vals, idx = Ref("ub.top", (2 * n * q, 0), (n, K)), Ref("ub.top", (2 * n * q + n, 0), (n, K))
-                body += (ins("vector", "topk_final", flops=fixed * n * vflops, dtype="fp32", src="ub", dst="ub",
-                             set=(f"top.full{a}",)),)
-                if p.splits > 1:  # this key range's top-k, to the partials the merge reads
-                    outs = tuple((Ref("gm.li_part", (lin(("si", 2 * R), ("bi", T), ("qb0", tb), base=v * R + f), 0),
-                                      (n, K), (lin(("si", 2 * R), ("bi", T), base=v * R + T), K)), ref)
-                                 for v, ref in enumerate((vals, idx)))
-                else:
-                    row = lin(("bi", T), ("qb0", tb), ("dq", q * tb), base=f)
-                    stop = (lin(("bi", T), base=T), K)
-                    outs = ((Ref("scores", (row, 0), (n, K), stop), vals),
-                            (Ref("indices", (row, 0), (n, K), stop), idx))
-                body += tuple(ins("mte3", "store", Act("store", o, (i,), "fp32"), bytes=4.0 * n * K, dtype="fp32",
-                                  src="ub", dst="gm", hit=1.0 if p.splits > 1 else 0.0,
-                                  wait=(f"top.full{a}",) * (v == 0), set=(f"top.free{a}",) * (v == 1))
-                              for v, (o, i) in enumerate(outs))
-            return body
-
-        # ------------------------------------------------------------------ merge of the key ranges (splits > 1)
-        def barrier(a: int) -> tuple[Node, ...]:
-            """AscendC SyncAll: the vector core bumps a GM counter once its partials are out and polls it."""
-            return (ins("mte3", "sync_all", bytes=32.0, dtype="int32", src="ub", dst="gm", hit=1.0, set=(f"sync{a}",)),
-                    ins("mte2", "sync_poll", bytes=32.0, dtype="int32", src="gm", dst="ub", hit=1.0,
-                        wait=(f"sync{a}",)))
-
-        def merge(a: int) -> tuple[Node, ...]:
-            """Token row 2 blk + a: its ranges' top-k lists merged into one (values and indices from the partials)."""
-            state = Ref("ub.mt", (0, 0), (2, K))
-
-            def part_row(i: Lin, base: int) -> Lin:  # rows of the partials: (2 range + 0/1) R + token row
-                at = scaled(i, 2 * R, base)
-                return Lin(at.base, at.terms + (("row", 1),))
-
-            def one(slot: int, i: Lin) -> tuple[Node, ...]:
-                part = Ref(f"ub.m{slot}", (0, 0), (2, K))
-                return tuple(
-                    ins("mte2", "load_part", Act("load", Ref(f"ub.m{slot}", (v, 0), (1, K)),
-                                                 (Ref("gm.li_part", (part_row(i, v * R), 0), (1, K)),), "fp32"),
-                        bytes=4.0 * K, dtype="fp32", src="gm", dst="ub", hit=1.0,
-                        wait=(f"m.free{a}",) * (v == 0), set=(f"m.full{a}",) * (v == 1)) for v in range(2)) + (
-                    ins("vector", "topk_union", Act("topk_union", state, (state, part), "fp32"),
-                        flops=merge_key * K * vflops, bytes=8.0 * K, dtype="fp32", src="ub", dst="ub",
-                        wait=(f"m.full{a}",), set=(f"m.free{a}",)),)
-
-            stop = (R, K)
-            return ((addr(row=lin(("blk", 2), base=a)),
-                     ins("vector", "topk_init", Act("topk_init", state), bytes=8.0 * K, dtype="fp32", dst="ub",
-                         wait=(f"top.free{a}",)))
-                    + pingpong(p.splits, one, "ri")
-                    + (ins("vector", "topk_final", flops=fixed * vflops, dtype="fp32", src="ub", dst="ub",
-                           set=(f"top.full{a}",)),
-                       ins("mte3", "store", Act("store", Ref("scores", (lin(("row", 1)), 0), (1, K), stop),
-                                                (Ref("ub.mt", (0, 0), (1, K)),), "fp32"),
-                           bytes=4.0 * K, dtype="fp32", src="ub", dst="gm", wait=(f"top.full{a}",)),
-                       ins("mte3", "store", Act("store", Ref("indices", (lin(("row", 1)), 0), (1, K), stop),
-                                                (Ref("ub.mt", (1, 0), (1, K)),), "fp32"),
-                           bytes=4.0 * K, dtype="fp32", src="ub", dst="gm", set=(f"top.free{a}",))))
-
-        bands = []
-        for blocks, C, bind in self.units(p):
-            paired = p.paired and "u" in bind
-            head = addr(**bind)
-            bands.append(Band(blocks, (head,) + aic_unit(C, paired),
-                              tuple(((head,) + body) if body else () for body in
-                                    (aiv_unit(a, C, paired) for a in range(2)))))
+        loads = sum(self.tiles(b, p.tb, p.full) for b in range(p.nq))
+        fits = nbytes(self.dtype, self.keys, self.dim) <= chip.l2.size / 2
+        launch = Launch(self, p, q, 1 - p.full / loads if fits else 1 - 1 / min(p.nq, chip.aic.count),
+                        chip.aiv.vector.flop_per_cycle["fp32"], *topk_cycles(chip, self.topk),
+                        topk_cycles(chip, self.topk, presorted=True)[0])
+        bands = [launch.band(prog, blocks, C, bind) for blocks, C, bind in self.units(p)]
         if p.splits > 1:
-            bands.append(Band(cdiv(R, 2), None, (merge(0), merge(1)), lead=(barrier(0), barrier(1))))
-        flags = {"q.free": 1, "q.full": 0, "k.free": 3, "k.full": 0, "qa.free": 1, "qa.full": 0, "wa.free": 2,
-                 "wa.full": 0, "kb.free": 2, "kb.full": 0, "sb.free": 2, "sb.full": 0, "s.free": 2, "s.full": 0,
-                 "s1.free": 2, "s1.full": 0, "pc.free": 2, "pc.full": 0}
-        for a in range(2):
-            flags |= {f"ws.free{a}.0": 1, f"ws.free{a}.1": 1, f"c2v{a}.0": 0, f"c2v{a}.1": 0, f"ub.free{a}": 2,
-                      f"ub.full{a}": 0, f"m.free{a}": 2, f"m.full{a}": 0, f"sync{a}": 0, f"top.free{a}": 2,
-                      f"top.full{a}": 0}
-        groups = distribute(bands, chip.aic.count, flags)
+            bands.append(launch.merge_band(prog))
         w = self.work()
-        return Trace(self.name, chip.name, self.shape, groups, w.cube_flops, w.hbm_bytes, self.buffers(p),
-                     {"block_m": rows, "block_n": bn, "tokens_per_block": tb, "l0_chunk": (c_m, c_n, D),
-                      "k_buffers": 3, "head_reduction": "cube (Mat-Duce)", "units": "paired causal" if p.paired
-                      else f"{p.splits} key ranges", "bands": len(bands),
-                      "topk": "radix select" if chip.family == "950" else "VBS32+VMS4 sort/merge"}, dtype=dt)
+        return Trace(self.name, chip.name, self.shape, prog.groups(bands, chip.aic.count), w.cube_flops, w.hbm_bytes,
+                     self.used(prog, q, p),
+                     {"block_m": p.rows, "block_n": p.bn, "tokens_per_block": p.tb, "l0_chunk": (p.c_m, p.c_n, self.dim),
+                      "k_buffers": q.k.depth, "head_reduction": "cube (Mat-Duce)",
+                      "units": "paired causal" if p.paired else f"{p.splits} key ranges", "bands": len(bands),
+                      "topk": "radix select" if chip.family == "950" else "VBS32+VMS4 sort/merge"} | prog.tiling(),
+                     dtype=self.dtype)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One launch: the kernel, its plan and queues, the L2 hit rate of K, and the vector rates of the top-k (FLOPs
+    per cycle; cycles per key and per row, per merged key); the stages take the core's Code first."""
+
+    li: LightningIndexer
+    p: Plan
+    q: Queues
+    hit_k: float
+    vflops: float
+    per_key: float
+    fixed: float
+    merge_key: float
+
+    @property
+    def nj(self) -> int:
+        """Key chunks per step (K arrives in two halves of nj / 2)."""
+        return self.p.bn // self.p.c_n
+
+    @property
+    def fe(self) -> str:
+        return ELEMENT.get(self.li.dtype, self.li.dtype)
+
+    @property
+    def kstop(self) -> Lin:
+        return lin(("bi", self.li.keys), base=self.li.keys)
+
+    # ------------------------------------------------------------------ bands
+    def band(self, prog: TileProgram, blocks: int, C: int, bind: dict[str, Lin]) -> Band:
+        """`blocks` units of C key-tile steps: the AIC's, and each AIV's when it owns tokens of the block."""
+        paired = self.p.paired and "u" in bind
+        c = prog.code(AIC)
+        c.addr(**bind)
+        self.aic_unit(c, C, paired)
+        aiv = []
+        for a in range(AIVS):
+            v = prog.code(AIV, a)
+            if self.p.tokens_of(a)[1]:
+                v.addr(**bind)
+                self.aiv_unit(v, C, paired)
+            aiv.append(v.body())
+        return Band(blocks, c.body(), tuple(aiv))
+
+    def merge_band(self, prog: TileProgram) -> Band:
+        """After the SyncAll, one token row per AIV step: its key ranges' partial top-ks merged."""
+        lead, bodies = [], []
+        for a in range(AIVS):
+            b, v = prog.code(AIV, a), prog.code(AIV, a)
+            b.sync_all()
+            lead.append(b.body())
+            self.merge(v)
+            bodies.append(v.body())
+        return Band(cdiv(self.li.batch * self.li.tokens, 2), None, tuple(bodies), lead=tuple(lead))
+
+    def step_vars(self, c: Code, C: int, paired: bool, j: Lin) -> None:
+        """sel: which part this step serves; kt: its key tile; qb: its query block."""
+        sel = lin(("j", 1), ("s0", -1), base=C, div=C) if paired else Lin(0)
+        c.addr(j=j, sel=sel, kt=lin(("k0", 1), ("j", 1), (("sel", "s0"), -1)), qb=lin(("qb0", 1), (("sel", "dq"), 1)))
+
+    # ------------------------------------------------------------------ AIC
+    def aic_unit(self, c: Code, C: int, paired: bool) -> None:
+        """Q and W~ of the unit's parts in, C steps, Q given back."""
+        self.copy_in_q(c, 2 if paired else 1)
+        c.deque(self.q.q)
+        c.op("mte1", "wait_q")
+        c.pingpong(C, "jp", lambda slot, j: self.aic_step(c, C, paired, slot, j))
+        c.op("cube", "release_q")
+        c.free(self.q.q)
+
+    def aic_step(self, c: Code, C: int, paired: bool, slot: int, j: Lin) -> None:
+        """One key tile: K in, then the step's nr x nj chunks as one stream, the head reduction LAG chunks behind
+        C1 (across row chunks too), so FIXPIPE and MTE1 have S' in L0B before the cube wants it."""
+        self.step_vars(c, C, paired, j)
+        self.copy_in_k(c)
+        n = self.p.nr * self.nj
+        for g in range(n + LAG):
+            if g < n:
+                if g % self.nj == 0:
+                    self.load_l0(c, g // self.nj)
+                self.c1(c, g)
+            if g >= LAG:
+                self.c2(c, g - LAG, slot)
+            if g < n:
+                self.relu(c, g)
+
+    @stage
+    def copy_in_q(self, c: Code, parts: int) -> None:
+        """MTE2: each part's queries and its block-diagonal head weights into L1, resident for the unit."""
+        li, p, fe = self.li, self.p, self.fe
+        T, H, D, rows, dt = li.tokens, li.heads, li.dim, p.rows, li.dtype
+        c.alloc(self.q.q)
+        for part in range(parts):
+            c.op("mte2", "load_q", Act("load", Ref("l1.q", (part * rows, 0), (rows, D)),
+                                       (Ref("q", (lin(("bi", T * H), ("qb0", rows), ("dq", part * rows)), 0),
+                                            (rows, D), (lin(("bi", T * H), base=T * H), D)),), fe),
+                 bytes=nbytes(dt, rows, D), dtype=dt, src="gm", dst="l1")
+            c.op("mte2", "load_w", Act("headdiag", Ref("l1.w", (part * p.nr * 16, 0), (p.nr * 16, p.c_m)),
+                                       (Ref("w", (lin(("bi", T), ("qb0", p.tb), ("dq", part * p.tb)), 0), (p.tb, H),
+                                            (lin(("bi", T), base=T), H)),), SCORE_DT, (("tpc", p.tpc),)),
+                 bytes=nbytes(SCORE_DT, p.tb, H), dtype=SCORE_DT, src="gm", dst="l1")
+        c.enque(self.q.q)
+
+    @stage
+    def copy_in_k(self, c: Code) -> None:
+        """MTE2: the step's key tile into L1 in two halves."""
+        dt, S, D, bn = self.li.dtype, self.li.keys, self.li.dim, self.p.bn
+        kh = bn // 2
+        for h in range(2):
+            c.alloc(self.q.k)
+            c.op("mte2", "load_k", Act("load", Ref(f"l1.k{h}", (0, 0), (kh, D)),
+                                       (Ref("k", (lin(("bi", S), ("kt", bn), base=h * kh), 0), (kh, D),
+                                            (self.kstop, D)),), self.fe),
+                 bytes=nbytes(dt, kh, D), dtype=dt, src="gm", dst="l1", hit=self.hit_k)
+            c.enque(self.q.k)
+
+    @stage
+    def load_l0(self, c: Code, r: int) -> None:
+        """MTE1: row chunk r's queries (kept in L0A for all its key chunks) and its block-diagonal head weights."""
+        dt, D, c_m, nr, q = self.li.dtype, self.li.dim, self.p.c_m, self.p.nr, self.q
+        c.alloc(q.qa)
+        c.op("mte1", "load_q", Act("copy", Ref("l0a.q", (0, 0), (c_m, D)),
+                                   (Ref("l1.q", (lin(("sel", self.p.rows), base=r * c_m), 0), (c_m, D)),), self.fe),
+             bytes=nbytes(dt, c_m, D), dtype=dt, src="l1", dst="l0a")
+        c.enque(q.qa)
+        c.alloc(q.wa)
+        c.op("mte1", "load_w", Act("copy", Ref(f"l0a.w{r % 2}", (0, 0), (16, c_m)),
+                                   (Ref("l1.w", (lin(("sel", nr * 16), base=r * 16), 0), (16, c_m)),), SCORE_DT),
+             bytes=nbytes(SCORE_DT, 16, c_m), dtype=SCORE_DT, src="l1", dst="l0a")
+        c.enque(q.wa)
+
+    @stage
+    def c1(self, c: Code, g: int) -> None:
+        """Chunk g = (row chunk r, key chunk j): K slice into L0B, S = Q K^T into L0C. The K half is taken by the
+        first row chunk and given back by the last."""
+        dt, D, c_m, c_n, q, nj = self.li.dtype, self.li.dim, self.p.c_m, self.p.c_n, self.q, self.nj
+        r, j = divmod(g, nj)
+        jh = nj // 2
+        k = Ref(f"l0b.k{g % 2}", (0, 0), (c_n, D))
+        if r == 0 and j % jh == 0:
+            c.deque(q.k)
+        c.alloc(q.kb)
+        c.op("mte1", "load_k", Act("copy", k, (Ref(f"l1.k{j // jh}", ((j % jh) * c_n, 0), (c_n, D)),), self.fe),
+             bytes=nbytes(dt, c_n, D), dtype=dt, src="l1", dst="l0b")
+        c.enque(q.kb)
+        if r == self.p.nr - 1 and j % jh == jh - 1:
+            c.free(q.k)
+        if j == 0:
+            c.deque(q.qa)
+        c.deque(q.kb)
+        c.alloc(q.s)
+        c.op("cube", "mmad", Act("mmad", Ref(f"l0c.s{g % 2}", (0, 0), (c_m, c_n)), (Ref("l0a.q", (0, 0), (c_m, D)), k),
+                                 "fp32", (("transpose_b", True), ("accumulate", False))),
+             flops=2.0 * c_m * c_n * D, dtype=dt, src="l0a", dst="l0c")
+        c.free(q.kb)
+        c.enque(q.s)
+        if j == nj - 1:
+            c.free(q.qa)
+
+    @stage
+    def relu(self, c: Code, g: int) -> None:
+        """FIXPIPE: ReLU (and DEQF16 for the quantised variants) on the way from L0C into L1 as fp16 S'."""
+        c_m, c_n = self.p.c_m, self.p.c_n
+        c.deque(self.q.s)
+        c.alloc(self.q.s1)
+        c.op("fixpipe", "relu_l1", Act("fixpipe", Ref(f"l1.s{g % 2}", (0, 0), (c_m, c_n)),
+                                       (Ref(f"l0c.s{g % 2}", (0, 0), (c_m, c_n)),), SCORE_DT,
+                                       (("relu", True), ("scale", DEQ if self.li.quantised else 1.0))),
+             bytes=nbytes(SCORE_DT, c_m, c_n), dtype=SCORE_DT, src="l0c", dst="l1")
+        c.free(self.q.s)
+        c.enque(self.q.s1)
+
+    @stage
+    def c2(self, c: Code, g: int, slot: int) -> None:
+        """The head reduction of chunk g: P[:, keys of j] = W~_r S' (16 x c_m times c_m x c_n); after a row chunk's
+        last key chunk its P rows go to the workspace."""
+        c_m, c_n, q, nj = self.p.c_m, self.p.c_n, self.q, self.nj
+        r, j = divmod(g, nj)
+        sp = Ref(f"l0b.s{g % 2}", (0, 0), (c_m, c_n))
+        c.deque(q.s1)
+        c.alloc(q.sb)
+        c.op("mte1", "load_s", Act("copy", sp, (Ref(f"l1.s{g % 2}", (0, 0), (c_m, c_n)),), SCORE_DT),
+             bytes=nbytes(SCORE_DT, c_m, c_n), dtype=SCORE_DT, src="l1", dst="l0b")
+        c.free(q.s1)
+        c.enque(q.sb)
+        c.deque(q.sb)
+        if j == 0:
+            c.deque(q.wa)
+            c.alloc(q.pc)
+        c.op("cube", "mmad_heads", Act("mmad", Ref(f"l0c.p{r % 2}", (0, j * c_n), (16, c_n)),
+                                       (Ref(f"l0a.w{r % 2}", (0, 0), (16, c_m)), sp), "fp32", (("accumulate", False),)),
+             flops=2.0 * 16 * c_m * c_n, dtype=SCORE_DT, src="l0a", dst="l0c")
+        c.free(q.sb)
+        if j == nj - 1:
+            c.free(q.wa)
+            c.enque(q.pc)
+            self.copy_out_scores(c, r, slot)
+
+    @stage
+    def copy_out_scores(self, c: Code, r: int, slot: int) -> None:
+        """FIXPIPE: row chunk r's head-summed scores to workspace slot `slot`, for the AIV that owns its tokens
+        (taken by its first row chunk, handed over after its last)."""
+        p = self.p
+        a = 0 if r < p.split else 1
+        c.deque(self.q.pc)
+        if r in (0, p.split):
+            c.alloc(self.q.ws[slot], lane=a)
+        c.op("fixpipe", "scores_out", Act("fixpipe", Ref(f"ws.p{slot}", (r * p.tpc, 0), (p.tpc, p.bn)),
+                                          (Ref(f"l0c.p{r % 2}", (0, 0), (p.tpc, p.bn)),), "fp32"),
+             bytes=4.0 * p.tpc * p.bn, dtype="fp32", src="l0c", dst="gm", hit=WS_HIT)
+        c.free(self.q.pc)
+        if r in (p.split - 1, p.nr - 1):
+            c.enque(self.q.ws[slot], lane=a)
+
+    # ------------------------------------------------------------------ AIV
+    def aiv_unit(self, v: Code, C: int, paired: bool) -> None:
+        """A running top-k per part over the unit's C steps, then each part's out (to the partials the merge reads
+        when the keys are split into ranges)."""
+        parts = 2 if paired else 1
+        for part in range(parts):
+            self.topk_init(v, part)
+        v.pingpong(C, "jp", lambda slot, j: self.aiv_step(v, C, paired, slot, j))
+        for part in range(parts):
+            self.copy_out_topk(v, part)
+
+    def aiv_step(self, v: Code, C: int, paired: bool, slot: int, j: Lin) -> None:
+        self.step_vars(v, C, paired, j)
+        self.copy_in_scores(v, slot)
+        self.select(v, slot)
+
+    @stage
+    def topk_init(self, v: Code, part: int) -> None:
+        n, K = self.p.tokens_of(v.aiv)[1], self.li.topk
+        v.alloc(self.q.top)
+        v.op("vector", "topk_init", Act("topk_init", Ref("ub.top", (2 * n * part, 0), (2 * n, K))), bytes=8.0 * n * K,
+             dtype="fp32", dst="ub")
+
+    @stage
+    def copy_in_scores(self, v: Code, slot: int) -> None:
+        """MTE2: this AIV's rows of the step's scores from the workspace (and the key tile's scales)."""
+        f, n = self.p.tokens_of(v.aiv)
+        bn = self.p.bn
+        v.deque(self.q.ws[slot])
+        v.alloc(self.q.ub)
+        v.op("mte2", "load_scores", Act("load", Ref(f"ub.p{slot}", (0, 0), (n, bn)),
+                                        (Ref(f"ws.p{slot}", (f, 0), (n, bn)),), "fp32"),
+             bytes=4.0 * n * bn, dtype="fp32", src="gm", dst="ub", hit=WS_HIT)
+        v.free(self.q.ws[slot])
+        v.enque(self.q.ub)
+        if self.li.quantised:
+            src = Ref("ks", (0, lin(("bi", self.li.keys), ("kt", bn))), (1, bn), (None, self.kstop))
+            v.op("mte2", "load_key_scales", Act("load", Ref(f"ub.ks{slot}", (0, 0), (1, bn)), (src,), "fp32"),
+                 bytes=4.0 * bn, dtype="fp32", src="gm", dst="ub", hit=self.hit_k)
+
+    @stage
+    def select(self, v: Code, slot: int) -> None:
+        """Vector: key scale and causal mask, then the step's keys merged into the running top-k of its part."""
+        li, p = self.li, self.p
+        f, n = p.tokens_of(v.aiv)
+        bn, K = p.bn, li.topk
+        ks = (Ref(f"ub.ks{slot}", (0, 0), (1, bn)),) if li.quantised else ()
+        kpos = lin(("kt", bn))
+        ui = Ref("ub.i", (0, 0), (n, bn))
+        top = Ref("ub.top", (lin(("sel", 2 * n)), 0), (2 * n, K))
+        v.deque(self.q.ub)
+        v.op("vector", "scores", Act("li_scores", ui, (Ref(f"ub.p{slot}", (0, 0), (n, bn)),) + ks, "fp32",
+                                     (("qpos", lin(("qb", p.tb), base=li.keys - li.tokens + f)), ("kpos", kpos),
+                                      ("keys", li.keys), ("causal", bool(li.causal)))),
+             flops=2.0 * n * bn, bytes=4.0 * n * bn, dtype="fp32", src="ub", dst="ub")
+        v.free(self.q.ub)
+        v.op("vector", "topk_merge", Act("topk_merge", top, (top, ui), "fp32", (("kpos", kpos),)),
+             flops=self.per_key * bn * n * self.vflops, bytes=4.0 * n * bn, dtype="fp32", src="ub", dst="ub")
+
+    @stage
+    def copy_out_topk(self, v: Code, part: int) -> None:
+        """The part's top-k finished and stored: to the scores and indices, or to this key range's partials."""
+        li, p = self.li, self.p
+        f, n = p.tokens_of(v.aiv)
+        T, K, R = li.tokens, li.topk, li.batch * li.tokens
+        tops = (Ref("ub.top", (2 * n * part, 0), (n, K)), Ref("ub.top", (2 * n * part + n, 0), (n, K)))
+        if p.splits > 1:
+            outs = tuple(Ref("gm.li_part", (lin(("si", 2 * R), ("bi", T), ("qb0", p.tb), base=w * R + f), 0), (n, K),
+                             (lin(("si", 2 * R), ("bi", T), base=w * R + T), K)) for w in range(2))
+        else:
+            row, stop = lin(("bi", T), ("qb0", p.tb), ("dq", part * p.tb), base=f), (lin(("bi", T), base=T), K)
+            outs = (Ref("scores", (row, 0), (n, K), stop), Ref("indices", (row, 0), (n, K), stop))
+        v.op("vector", "topk_final", flops=self.fixed * n * self.vflops, dtype="fp32", src="ub", dst="ub")
+        v.enque(self.q.top)
+        v.deque(self.q.top)
+        for out, top in zip(outs, tops):
+            v.op("mte3", "store", Act("store", out, (top,), "fp32"), bytes=4.0 * n * K, dtype="fp32", src="ub",
+                 dst="gm", hit=1.0 if p.splits > 1 else 0.0)
+        v.free(self.q.top)
+
+    # ------------------------------------------------------------------ merge of the key ranges (splits > 1)
+    def merge(self, v: Code) -> None:
+        """Token row 2 blk + a: its ranges' top-k lists merged into one (values and indices from the partials)."""
+        K = self.li.topk
+        v.addr(row=lin(("blk", 2), base=v.aiv))
+        v.alloc(self.q.top)
+        v.op("vector", "topk_init", Act("topk_init", Ref("ub.mt", (0, 0), (2, K))), bytes=8.0 * K, dtype="fp32",
+             dst="ub")
+        v.pingpong(self.p.splits, "ri", lambda slot, i: self.merge_part(v, slot, i))
+        self.copy_out_merged(v)
+
+    @stage
+    def merge_part(self, v: Code, slot: int, i: Lin) -> None:
+        """Key range i's partial (values, then indices) into UB and merged into the row's top-k."""
+        K, R = self.li.topk, self.li.batch * self.li.tokens
+        state = Ref("ub.mt", (0, 0), (2, K))
+        v.alloc(self.q.m)
+        for w in range(2):  # rows of the partials: (2 range + 0/1) R + token row
+            at = scaled(i, 2 * R, w * R)
+            v.op("mte2", "load_part", Act("load", Ref(f"ub.m{slot}", (w, 0), (1, K)),
+                                          (Ref("gm.li_part", (Lin(at.base, at.terms + (("row", 1),)), 0), (1, K)),),
+                                          "fp32"), bytes=4.0 * K, dtype="fp32", src="gm", dst="ub", hit=1.0)
+        v.enque(self.q.m)
+        v.deque(self.q.m)
+        v.op("vector", "topk_union", Act("topk_union", state, (state, Ref(f"ub.m{slot}", (0, 0), (2, K))), "fp32"),
+             flops=self.merge_key * K * self.vflops, bytes=8.0 * K, dtype="fp32", src="ub", dst="ub")
+        v.free(self.q.m)
+
+    @stage
+    def copy_out_merged(self, v: Code) -> None:
+        K, stop = self.li.topk, (self.li.batch * self.li.tokens, self.li.topk)
+        v.op("vector", "topk_final", flops=self.fixed * self.vflops, dtype="fp32", src="ub", dst="ub")
+        v.enque(self.q.top)
+        v.deque(self.q.top)
+        for name, w in (("scores", 0), ("indices", 1)):
+            v.op("mte3", "store", Act("store", Ref(name, (lin(("row", 1)), 0), (1, K), stop),
+                                      (Ref("ub.mt", (w, 0), (1, K)),), "fp32"),
+                 bytes=4.0 * K, dtype="fp32", src="ub", dst="gm")
+        v.free(self.q.top)
