@@ -114,6 +114,22 @@ def test_indexer_quantised_variant_follows_the_op_dtype(chip):
     assert not any(i.op == "load_key_scales" for _, i, _ in bf.instructions())
 
 
+def test_indexer_buffering_is_the_depth_of_its_double_buffered_queues():
+    """A plan's buffering reaches the indexer as the depth of its double-buffered queues (the L0 chunks, S' and the
+    UB scores here): K keeps its three half-tile buffers and the score workspace its two named slots; buffer use
+    follows the depth, and single buffering is never faster."""
+    from npusim.parallel.optime import kernel_trace
+
+    chip = load_chip("910c-die")
+    k = catalog.kernel("lightning_indexer", {"tokens": 8, "keys": 4096, "topk": 512, "causal": 0})
+    single, double = kernel_trace(k, chip, 1), kernel_trace(k, chip, 0)
+    depth = lambda t, f: t.groups[0].flags[f]  # noqa: E731
+    assert [depth(single, f) for f in ("kb.free", "s1.free", "ub.free0", "k.free", "ws0.free0")] == [1, 1, 1, 3, 1]
+    assert [depth(double, f) for f in ("kb.free", "s1.free", "ub.free0", "k.free", "ws0.free0")] == [2, 2, 2, 3, 1]
+    assert single.buffers["l0b"] == double.buffers["l0b"] / 2 and single.tiling["buffering"] == 1
+    assert simulate(single, chip).time >= simulate(double, chip).time
+
+
 def test_every_trace_has_a_flag_order_the_executor_accepts(chip):
     t = catalog.kernel("gemm", {"m": 40, "n": 40, "k": 40}).trace(chip)
     assert sum(1 for g in t.groups for p in g.programs for _ in unroll(p.body)) > 0

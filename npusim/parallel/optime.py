@@ -216,7 +216,7 @@ def kernel_trace(k: Kernel, chip: Chip, buffering: int = 0) -> Trace:
 
 
 def buffered(trace: Trace, depth: int, chip: Chip) -> Trace:
-    """The old path, for kernels that still name their flags by hand (attention, the indexer, the row-wise and
+    """The old path, for kernels that still name their flags by hand (attention, the row-wise and
     vector kernels): every double-buffered slot (a 'free' semaphore starting at 2) `depth` deep: 1 = single
     buffering (the producer waits until the consumer has drained the one slot), 3 = triple. Buffer use scales with
     the depth (an upper bound where a level also holds single-buffered tiles); a depth that does not fit is refused.
