@@ -9,7 +9,7 @@ import pytest
 from npusim.engine import simulate
 from npusim.errors import NpusimError
 from npusim.functional.executor import execute
-from npusim.kernels import gemm, indexer, projection
+from npusim.kernels import attention, gemm, indexer, projection
 from npusim.kernels.base import Band
 from npusim.kernels.program import AIC, AIV, TileProgram, stage
 from npusim.kernels.tile import Act, Ref, lin
@@ -115,6 +115,35 @@ def test_a_buffer_may_skip_a_stage_of_its_queue():
     assert load.set == ("ab.mte30",) and store.wait == ("ab.mte30",) and store.set == ("ab.free0",)
 
 
+def test_a_fragment_is_written_once_and_spliced_with_its_flags_counted():
+    """Code.fragment builds a stage's fragment once per arguments; spliced into a loop it counts towards the loop's
+    balance like instructions written there (a copy-in without its compute is refused, with both it passes)."""
+    calls = []
+
+    class Counted(Copy):
+        @stage
+        def copy_in(self, v):
+            calls.append(1)
+            super().copy_in.__wrapped__(self, v)
+
+    prog = TileProgram("copy", CHIP)
+    k, v = Counted(prog), prog.code(AIV)
+    with v.loop(3, "t"):
+        v.fragment(k.copy_in)
+        v.fragment(k.compute)
+        v.fragment(k.copy_out)
+    v.fragment(k.copy_in)
+    v.fragment(k.compute)
+    v.fragment(k.copy_out)
+    body = v.body()
+    assert len(calls) == 1 and body[0].body[0] is body[1]
+    w = prog.code(AIV)
+    with pytest.raises(NpusimError, match=r"queue 'in' .* unbalanced in one pass of loop 't': 'in.free0' raised 0 "
+                                          "times but awaited 1 times"):
+        with w.loop(2, "t"):
+            w.fragment(k.copy_in)
+
+
 def test_dequeuing_from_a_queue_nobody_fills_is_refused():
     prog = TileProgram("copy", CHIP)
     k, v = Copy(prog), prog.code(AIV)
@@ -156,7 +185,7 @@ def test_flags_are_never_named_by_hand():
         v.op("mte2", "load", wait=("in.free",))
 
 
-@pytest.mark.parametrize("module", [gemm, indexer, projection])
+@pytest.mark.parametrize("module", [gemm, indexer, projection, attention])
 def test_kernels_on_the_layer_write_no_flags(module):
     source = inspect.getsource(module)
     assert "wait=" not in source and "set=" not in source

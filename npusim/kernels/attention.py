@@ -15,20 +15,29 @@ The kernels differ only in a query token's key set:
   group (the rows sharing key tiles) is one token's heads.
 - contiguous (dense flash attention, causal): the AIC loads key tiles straight from GM; all tokens of a block share
   them and the causal mask is applied per row.
+
+Decode with fewer blocks than cores splits each block's keys into ranges (split-KV, flash-decoding): every range
+writes its normalised output and log-sum-exp, and after a SyncAll the vector cores combine them. The causal ramp of
+a prefill is dealt as units of two blocks whose key tiles add up to a full block's.
+
+Written on the tile-program layer (npusim.kernels.program): `FlashProgram` declares the queues (`Queues`: Q, the
+K/V ring, P, L0 and L0C on the AIC; the gathered rows, S, P and O~ between the AIC and its AIVs through GM; each
+AIV's UB buffers) and writes the stages C1 / C2 (AIC) and gather / V1 / V2 / finalize / partial / combine (AIV) as
+its methods, each built once per (slot, key tile, group offset) and spliced along a block's stream.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from typing import ClassVar
 
 import numpy as np
 
 from npusim.errors import NpusimError
-from npusim.kernels.base import Band, Kernel, Work, addr, cdiv, distribute, ins, nbytes, need_cube, register
+from npusim.kernels.base import Band, Kernel, Work, cdiv, nbytes, need_cube, register
+from npusim.kernels.program import AIC, AIV, AIVS, Code, Queue, TileProgram, stage
 from npusim.kernels.tile import Act, Lin, Ref, lin
-from npusim.kernels.trace import Loop, Node, Trace
+from npusim.kernels.trace import Node, Trace
 from npusim.spec.chip import BYTES_PER_ELEMENT, Chip
 
 KC, VK, VC = 128, 256, 128  # keys per K chunk, keys per V chunk, V columns per chunk (models.md §3.5)
@@ -215,496 +224,702 @@ class Attention(Kernel):
         vr = next((v for v in (32, 16, 8, 4, 2, 1) if v <= ra and fixed + per_row * v <= chip.aiv.buffers.ub), 1)
         return Plan(hb, tpb, hg // hb, groups, rows, min(128, rows), dw, bk, vc, vr, fixed + per_row * vr)
 
-    def buffers(self, p: Plan) -> dict[str, float]:
-        dq, _ = self.dims
-        dt, c, bn = self.dtype, p.chunk, self.block_n
-        return {"l1": nbytes(dt, p.rows, dq) + nbytes(dt, c, bn) + 3 * max(nbytes(dt, KC, p.dw), nbytes(dt, VK, p.vc)),
-                "l0a": 2 * nbytes(dt, c, max(p.bk, KC)), "l0b": 2 * nbytes(dt, KC, max(p.bk, KC)),
-                "l0c": 2 * 4.0 * c * KC, "ub": p.ub}
+    def kv_chunk(self, p: Plan) -> float:
+        """Bytes of one buffer of the L1 ring holding K chunks (C1) and V chunks (C2)."""
+        return max(nbytes(self.dtype, KC, p.dw), nbytes(self.dtype, VK, p.vc))
 
     def build(self, chip: Chip) -> Trace:
         need_cube(chip, self.dtype)
         p = self.plan(chip)
-        dq, dv = self.dims
-        dt, bn, T, S, B, KVH = self.dtype, self.block_n, self.tokens, self.keys, self.batch, self.kvh
-        hg, c, R = self.heads // KVH, p.chunk, p.rows
-        rq, ra, nch = cdiv(R, c), cdiv(R, 2), cdiv(cdiv(R, 2), p.vr)
-        halves, dsteps = dq // p.dw, p.dw // p.bk
-        scale = self.scale or dq ** -0.5
-        g = self.gathered
-        kv_bytes = B * KVH * self.kv_rows * nbytes(dt, dq)
-        fits = kv_bytes <= chip.l2.size  # then rows read again (other blocks, other tokens' selections) hit L2
-        hit_kv = 1 - 1 / max(1, cdiv(T, p.tpb) * p.hsplit) if fits else 0.0
-        reuse = max(0.0, 1 - B * self.kv_rows / self.total_pairs()) if fits else 0.0  # other tokens chose the row
+        f = FlashProgram(self, chip, p)
+        bands = f.bands()
+        combine = f.combine_band()
+        if combine:
+            bands.append(combine)
+        w = self.work()
+        buffers = f.prog.buffers() | {"ub": max(p.ub, f.ub_combine)}
+        return Trace(self.name, chip.name, self.shape, f.prog.groups(bands, chip.aic.count), w.cube_flops,
+                     w.hbm_bytes, buffers,
+                     {"block": (p.tpb * p.hb, self.block_n), "row_group": p.rows,
+                      "key_set": "gathered" if self.gathered else "contiguous", "l0_c1": ((p.chunk, p.bk), (p.bk, KC)),
+                      "l0_c2": ((p.chunk, KC), (KC, p.vc)), "kv_ring": 3, "aiv_rows": p.vr, "bands": len(bands),
+                      "kv_splits": f.ranges, "combine_rows": f.cr, "scale": round(f.scale, 6)}, dtype=self.dtype)
+
+
+@dataclass(frozen=True)
+class Queues:
+    """An attention launch's queues. On the AIC: Q rows in L1 (q), the L1 ring of K and V chunks (k, three deep),
+    one P chunk in L1 (pl1), L0A/L0B blocks (l0), L0C accumulators (l0c). Through the core's GM workspaces: the
+    gathered rows (kv, AIVs -> AIC), S (s) and O~ (o) to the AIVs, P back (p). On each AIV: the gather's UB rows
+    (ub), the S chunk (sb) and P chunk (pb) of the softmax, the accumulator (acc: load -> rescale -> store), and the
+    combine's weights (cl), partial outputs (cb) and result (co)."""
+
+    q: Queue
+    k: Queue
+    pl1: Queue
+    l0: Queue
+    l0c: Queue
+    kv: Queue
+    s: Queue
+    p: Queue
+    o: Queue
+    ub: Queue
+    sb: Queue
+    pb: Queue
+    acc: Queue
+    cl: Queue
+    cb: Queue
+    co: Queue
+
+
+@dataclass(frozen=True)
+class Run:
+    """Blocks of a band walking `tiles` key tiles: how many, the band's constants and the block head's bindings."""
+
+    tiles: int
+    blocks: int
+    constants: tuple[tuple[str, int], ...]
+    head: dict[str, Lin]
+
+
+K0 = ("k0", 1)  # key tiles are numbered from the first tile of the block's key range
+
+
+def at(k: int, n: int) -> Lin:
+    """Key tile k of n; tiles near the end relative to the band's 'klast' so bands share instructions."""
+    return lin(K0, base=k) if k < 3 else lin(("klast", 1), K0, base=k - n + 1)
+
+
+class FlashProgram:
+    """The tile program of one attention launch (see the module docstring): the stages C1 / C2 on the AIC, gather /
+    V1 / V2 / finalize (or the split-KV partial) on each AIV, the combine after a SyncAll, and the stream of
+    (row group, key tile) items that preloads across them; then the bands of blocks."""
+
+    def __init__(self, k: Attention, chip: Chip, p: Plan):
+        self.k, self.chip, self.p = k, chip, p
+        self.dq, self.dv = k.dims
+        self.dt, self.bn, self.g = k.dtype, k.block_n, k.gathered
+        T, S, B, KVH = k.tokens, k.keys, k.batch, k.kvh
+        self.hg, self.R, self.c = k.heads // KVH, p.rows, p.chunk
+        self.rq, self.ra = cdiv(p.rows, p.chunk), cdiv(p.rows, 2)
+        self.nch = cdiv(self.ra, p.vr)
+        self.halves, self.dsteps = self.dq // p.dw, p.dw // p.bk
+        self.scale = k.scale or self.dq ** -0.5
+        self.rtot = B * KVH * T * self.hg  # q rows of the launch, the row order of out and of the partials
+        self.hits(chip)
+        self.rstop = (lin(("bk", T * self.hg), base=T * self.hg), self.dq)  # q rows of this (batch, kv head)
+        self.ostop = (self.rstop[0], self.dv)
+        self.kvstop = (lin(("bk", S), base=S), self.dq)
+        self.istop = (lin(("bk", T), base=T), k.width if self.g else 0)
+        tiles = int(k.tiles(p)[0])
+        self.ranges = cdiv(tiles, cdiv(tiles, p.splits)) if p.splits > 1 else 1
+        self.cr = self.combine_rows() if self.ranges > 1 else 0
+        self.ub_combine = 4.0 * self.cr * (2 * self.ranges + 3 * self.dv) if self.ranges > 1 else 0
+        self.prog = TileProgram(k.name, chip)
+        self.q = self.queues()
+
+    def hits(self, chip: Chip) -> None:
+        """The fractions of reads served by L2 (the tiler knows the reuse)."""
+        k, p, dt, bn, dq = self.k, self.p, self.dt, self.bn, self.dq
+        fits = k.batch * k.kvh * k.kv_rows * nbytes(dt, dq) <= chip.l2.size  # then rows read again hit L2
+        self.hit_kv = 1 - 1 / max(1, cdiv(k.tokens, p.tpb) * p.hsplit) if fits else 0.0  # other blocks' reads
+        reuse = max(0.0, 1 - k.batch * k.kv_rows / k.total_pairs()) if fits else 0.0  # other tokens chose the row
         # head blocks of one token gather the same rows at about the same time: all but the first read hit L2
-        hit_gather = 1 - (1 - reuse) / p.hsplit
+        self.hit_gather = 1 - (1 - reuse) / p.hsplit
         # C<->V workspaces (gathered rows, S, P, O~, the running output) are written and read back at once: they
         # stay in the write-back L2 while all cores' workspaces fit in half of it (estimate: the rest caches KV)
-        ws = (2 * nbytes(dt, bn, dq) if g else 0) + 2 * R * bn * (4.0 + BYTES_PER_ELEMENT[dt]) + 3 * 4.0 * R * dv
-        ws_hit = 1.0 if ws * chip.aic.count <= chip.l2.size / 2 else 0.0
-        rstop = (lin(("bk", T * hg), base=T * hg), dq)  # q rows of this (batch, kv head)
-        ostop = (rstop[0], dv)
-        kvstop = (lin(("bk", S), base=S), dq)
-        istop = (lin(("bk", T), base=T), self.width if g else 0)
+        ws = ((2 * nbytes(dt, bn, dq) if self.g else 0) + 2 * self.R * bn * (4.0 + BYTES_PER_ELEMENT[dt])
+              + 3 * 4.0 * self.R * self.dv)
+        self.ws_hit = 1.0 if ws * chip.aic.count <= chip.l2.size / 2 else 0.0
+        self.part_hit = 1.0 if 4.0 * self.rtot * p.splits * (self.dv + 1) <= chip.l2.size else 0.0  # partials in L2
 
-        # ---------------------------------------------------------------- AIC: C1 (S = Q K^T) and C2 (O~ = P V)
-        @lru_cache(maxsize=None)
-        def c1(slot: int, kt: Lin) -> tuple[Node, ...]:
-            body: list[Node] = []
-            for kc in range(bn // KC):
-                for h in range(halves):
-                    if g:
-                        src = Ref(f"ws.kv{slot}", (kc * KC, h * p.dw), (KC, p.dw))
-                    else:
-                        src = Ref("k", (plus(kt, bn, ("kvrow", 1), base=kc * KC), h * p.dw), (KC, p.dw), kvstop)
-                    first = kc == 0 and h == 0
-                    body.append(ins("mte2", "load_k", Act("load", Ref(f"l1.k{h}", (0, 0), (KC, p.dw)), (src,), dt),
-                                    bytes=nbytes(dt, KC, p.dw), dtype=dt, src="gm", dst="l1", hit=1.0 if g else hit_kv,
-                                    wait=("k.free",) + (("kv.full0", "kv.full1") if g and first else ()),
-                                    set=("k.full",)))
-                for r in range(rq):
-                    for h in range(halves):
-                        for s in range(dsteps):
-                            step, last = h * dsteps + s, h * dsteps + s == halves * dsteps - 1
-                            col = h * p.dw + s * p.bk
-                            body += [
-                                ins("mte1", "load_l0a", Act("copy", Ref("l0a", (0, 0), (c, p.bk)),
-                                                            (Ref("l1.q", (r * c, col), (c, p.bk)),), dt),
-                                    bytes=nbytes(dt, c, p.bk), dtype=dt, src="l1", dst="l0a", wait=("l0.free",)),
-                                ins("mte1", "load_l0b", Act("copy", Ref("l0b", (0, 0), (KC, p.bk)),
-                                                            (Ref(f"l1.k{h}", (0, s * p.bk), (KC, p.bk)),), dt),
-                                    bytes=nbytes(dt, KC, p.bk), dtype=dt, src="l1", dst="l0b",
-                                    wait=("k.full",) if r == 0 and s == 0 else (),
-                                    set=("l0.full",) + (("k.free",) if r == rq - 1 and s == dsteps - 1 else ())),
-                                ins("cube", "mmad", Act("mmad", Ref("l0c", (0, 0), (c, KC)),
-                                                        ((Ref("l0c", (0, 0), (c, KC)),) if step else ())
-                                                        + (Ref("l0a", (0, 0), (c, p.bk)), Ref("l0b", (0, 0), (KC, p.bk))),
-                                                        "fp32", (("transpose_b", True), ("accumulate", step > 0))),
-                                    flops=2.0 * c * KC * p.bk, dtype=dt, src="l0a", dst="l0c",
-                                    wait=("l0.full",) + (("l0c.free",) if step == 0 else ()),
-                                    set=("l0.free",) + (("l0c.full",) if last else ()))]
-                    edge_in, edge_out = kc == 0 and r == 0, kc == bn // KC - 1 and r == rq - 1
-                    body.append(ins("fixpipe", "store_s", Act("fixpipe", Ref(f"ws.s{slot}", (r * c, kc * KC), (c, KC)),
-                                                              (Ref("l0c", (0, 0), (c, KC)),), "fp32"),
-                                    bytes=4.0 * c * KC, dtype="fp32", src="l0c", dst="gm", hit=ws_hit,
-                                    wait=("l0c.full",) + (("s.free0", "s.free1") if edge_in else ()),
-                                    set=("l0c.free",) + (("s.full0", "s.full1") if edge_out else ())))
-            return tuple(body)
+    def combine_rows(self) -> int:
+        """Rows per combine tile: enough tiles for every core, a sink's head period respected, in UB."""
+        ub, hg, dv, ranges = self.chip.aiv.buffers.ub, self.hg, self.dv, self.ranges
+        return next((r for r in (32, 16, 8, 4, 2) if (hg % r == 0 or not self.k.with_sink)
+                     and cdiv(self.rtot, 2 * r) >= self.chip.aic.count
+                     and 4.0 * r * (2 * ranges + 3 * dv) <= ub), 1)
 
-        @lru_cache(maxsize=None)
-        def c2(slot: int, kt: Lin) -> tuple[Node, ...]:
-            body: list[Node] = []
-            nkh, ndv = bn // VK, dv // p.vc
-            for r in range(rq):
+    def queues(self) -> Queues:
+        prog, p, dt, kc = self.prog, self.p, self.dt, self.k.kv_chunk(self.p)
+        aic, aiv = lambda pipe: (AIC, pipe), lambda pipe: (AIV, pipe)  # noqa: E731
+        return Queues(
+            prog.queue("q", aic("mte2"), aic("mte1"), depth=1, slot={"l1": nbytes(dt, p.rows, self.dq)}),
+            prog.queue("k", aic("mte2"), aic("mte1"), depth=3, slot={"l1": kc}),
+            prog.queue("pl1", aic("mte2"), aic("mte1"), depth=1, slot={"l1": nbytes(dt, p.chunk, self.bn)}),
+            prog.queue("l0", aic("mte1"), aic("cube"), depth=2,
+                       slot={"l0a": nbytes(dt, p.chunk, max(p.bk, KC)), "l0b": nbytes(dt, KC, max(p.bk, KC))}),
+            prog.queue("l0c", aic("cube"), aic("fixpipe"), depth=2, slot={"l0c": 4.0 * p.chunk * KC}),
+            prog.queue("kv", aiv("mte3"), aic("mte2"), depth=2), prog.queue("s", aic("fixpipe"), aiv("mte2"), depth=2),
+            prog.queue("p", aiv("mte3"), aic("mte2"), depth=2), prog.queue("o", aic("fixpipe"), aiv("mte2"), depth=2),
+            prog.queue("ub", aiv("mte2"), aiv("mte3"), depth=2), prog.queue("sb", aiv("mte2"), aiv("vector"), depth=2),
+            prog.queue("pb", aiv("vector"), aiv("mte3"), depth=2),
+            prog.queue("acc", aiv("mte2"), aiv("vector"), aiv("mte3"), depth=min(2, self.nch)),
+            prog.queue("cl", aiv("mte2"), aiv("vector"), depth=1), prog.queue("cb", aiv("mte2"), aiv("vector"), depth=2),
+            prog.queue("co", aiv("vector"), aiv("mte3"), depth=1))
+
+    # ---------------------------------------------------------------- AIC: C1 (S = Q K^T) and C2 (O~ = P V)
+    @stage
+    def load_q(self, c: Code, o: int) -> None:
+        """The Q rows of the group `o` groups on into L1 (the Q/P slots are free once the last C1 of the group
+        before is done)."""
+        dt, R, dq, q = self.dt, self.R, self.dq, self.q.q
+        c.alloc(q)
+        c.op("mte2", "load_q", Act("load", Ref("l1.q", (0, 0), (R, dq)),
+                                   (Ref("q", (lin((f"grow{o}", 1)), 0), (R, dq), self.rstop),), dt),
+             bytes=nbytes(dt, R, dq), dtype=dt, src="gm", dst="l1")
+        c.enque(q)
+        c.deque(q)
+        c.op("mte1", "wait_q")
+
+    @stage
+    def release_q(self, c: Code) -> None:
+        c.op("mte1", "release_q")
+        c.free(self.q.q)
+
+    @stage
+    def c1(self, c: Code, slot: int, kt: Lin) -> None:
+        """S = Q K^T for key tile kt: per 128-key chunk, its K halves into L1, the rows' chunks through L0 into an
+        L0C accumulator, FIXPIPE to the S workspace (the AIVs are told after the tile's last chunk)."""
+        p, c_, nkc = self.p, self.c, self.bn // KC
+        for kc in range(nkc):
+            for h in range(self.halves):
+                self.load_k(c, slot, kt, kc, h)
+            for r in range(self.rq):
+                for h in range(self.halves):
+                    for s in range(self.dsteps):
+                        step = h * self.dsteps + s
+                        col = h * p.dw + s * p.bk
+                        self.split(c, Ref("l1.q", (r * c_, col), (c_, p.bk)), Ref(f"l1.k{h}", (0, s * p.bk),
+                                                                                   (KC, p.bk)),
+                                   (c_, p.bk), (KC, p.bk), take_k=r == 0 and s == 0,
+                                   give_k=r == self.rq - 1 and s == self.dsteps - 1)
+                        self.mmad(c, (c_, p.bk), (KC, p.bk), KC, step, step == self.halves * self.dsteps - 1,
+                                  (("transpose_b", True),))
+                self.store(c, "store_s", Ref(f"ws.s{slot}", (r * c_, kc * KC), (c_, KC)), self.q.s,
+                           kc == 0 and r == 0, kc == nkc - 1 and r == self.rq - 1)
+
+    @stage
+    def load_k(self, c: Code, slot: int, kt: Lin, kc: int, h: int) -> None:
+        """Half h of K chunk kc into L1: from the gathered rows' workspace (after both AIVs filled it) or GM."""
+        p, dt = self.p, self.dt
+        if self.g:
+            src = Ref(f"ws.kv{slot}", (kc * KC, h * p.dw), (KC, p.dw))
+        else:
+            src = Ref("k", (plus(kt, self.bn, ("kvrow", 1), base=kc * KC), h * p.dw), (KC, p.dw), self.kvstop)
+        c.alloc(self.q.k)
+        if self.g and kc == 0 and h == 0:
+            c.deque(self.q.kv)
+        c.op("mte2", "load_k", Act("load", Ref(f"l1.k{h}", (0, 0), (KC, p.dw)), (src,), dt),
+             bytes=nbytes(dt, KC, p.dw), dtype=dt, src="gm", dst="l1", hit=1.0 if self.g else self.hit_kv)
+        c.enque(self.q.k)
+
+    @stage
+    def split(self, c: Code, a: Ref, b: Ref, ashape: tuple[int, int], bshape: tuple[int, int], take_k: bool,
+              give_k: bool, take_p: bool = False, give_p: bool = False) -> None:
+        """MTE1: a block of the left operand (Q or P, from L1) into L0A and one of the right (K or V) into L0B."""
+        dt, q = self.dt, self.q
+        if take_p:
+            c.deque(q.pl1)
+        c.alloc(q.l0)
+        c.op("mte1", "load_l0a", Act("copy", Ref("l0a", (0, 0), ashape), (a,), dt), bytes=nbytes(dt, *ashape),
+             dtype=dt, src="l1", dst="l0a")
+        if take_k:
+            c.deque(q.k)
+        c.op("mte1", "load_l0b", Act("copy", Ref("l0b", (0, 0), bshape), (b,), dt), bytes=nbytes(dt, *bshape),
+             dtype=dt, src="l1", dst="l0b")
+        c.enque(q.l0)
+        if give_k:
+            c.free(q.k)
+        if give_p:
+            c.free(q.pl1)
+
+    @stage
+    def mmad(self, c: Code, ashape: tuple[int, int], bshape: tuple[int, int], n: int, step: int, last: bool,
+             params: tuple = ()) -> None:
+        """Cube: the L0C accumulator (c x n) (+)= L0A @ L0B; the first step takes an accumulator, the last hands it
+        to FIXPIPE."""
+        q, acc = self.q, Ref("l0c", (0, 0), (self.c, n))
+        c.deque(q.l0)
+        if step == 0:
+            c.alloc(q.l0c)
+        c.op("cube", "mmad", Act("mmad", acc, ((acc,) if step else ()) + (Ref("l0a", (0, 0), ashape),
+                                                                           Ref("l0b", (0, 0), bshape)), "fp32",
+                                 params + (("accumulate", step > 0),)),
+             flops=2.0 * self.c * n * ashape[1], dtype=self.dt, src="l0a", dst="l0c")
+        c.free(q.l0)
+        if last:
+            c.enque(q.l0c)
+
+    @stage
+    def store(self, c: Code, name: str, dst: Ref, ws: Queue, first: bool, last: bool) -> None:
+        """FIXPIPE: the accumulator to a GM workspace slot taken on the tile's first store, handed to the AIVs on
+        its last."""
+        c.deque(self.q.l0c)
+        if first:
+            c.alloc(ws)
+        c.op("fixpipe", name, Act("fixpipe", dst, (Ref("l0c", (0, 0), dst.size),), "fp32"),
+             bytes=4.0 * dst.size[0] * dst.size[1], dtype="fp32", src="l0c", dst="gm", hit=self.ws_hit)
+        c.free(self.q.l0c)
+        if last:
+            c.enque(ws)
+
+    @stage
+    def c2(self, c: Code, slot: int, kt: Lin) -> None:
+        """O~ = P V for key tile kt: per row chunk, P from the AIVs into L1, then per V column chunk the tile's V
+        chunks through the ring (from the gathered rows' workspace, freed after the last, or GM) and L0."""
+        p, c_, nkh, ndv, sub = self.p, self.c, self.bn // VK, self.dv // self.p.vc, VK // KC
+        for r in range(self.rq):
+            for kh in range(nkh):
+                self.load_p(c, slot, r, kh, nkh)
+            for d in range(ndv):
                 for kh in range(nkh):
-                    body.append(ins("mte2", "load_p", Act("load", Ref("l1.p", (0, kh * VK), (c, VK)),
-                                                          (Ref(f"ws.p{slot}", (r * c, kh * VK), (c, VK)),), dt),
-                                    bytes=nbytes(dt, c, VK), dtype=dt, src="gm", dst="l1", hit=1.0,
-                                    wait=(("pl1.free",) if kh == 0 else ()) + (("p.full0", "p.full1")
-                                                                               if r == 0 and kh == 0 else ()),
-                                    set=(("pl1.full",) if kh == nkh - 1 else ()) + (("p.free0", "p.free1")
-                                                                                    if r == rq - 1 and kh == nkh - 1
-                                                                                    else ())))
-                for d in range(ndv):
-                    for kh in range(nkh):
-                        if g:
-                            src = Ref(f"ws.kv{slot}", (kh * VK, d * p.vc), (VK, p.vc))
-                        else:
-                            src = Ref("v", (plus(kt, bn, ("kvrow", 1), base=kh * VK), d * p.vc), (VK, p.vc),
-                                      (kvstop[0], dv))
-                        release = g and r == rq - 1 and d == ndv - 1 and kh == nkh - 1
-                        body.append(ins("mte2", "load_v", Act("load", Ref("l1.v", (0, 0), (VK, p.vc)), (src,), dt),
-                                        bytes=nbytes(dt, VK, p.vc), dtype=dt, src="gm", dst="l1",
-                                        hit=1.0 if g else hit_kv, wait=("k.free",),
-                                        set=("k.full",) + (("kv.free0", "kv.free1") if release else ())))
-                        for s in range(VK // KC):
-                            step = kh * (VK // KC) + s
-                            last = step == nkh * (VK // KC) - 1
-                            body += [
-                                ins("mte1", "load_l0a", Act("copy", Ref("l0a", (0, 0), (c, KC)),
-                                                            (Ref("l1.p", (0, step * KC), (c, KC)),), dt),
-                                    bytes=nbytes(dt, c, KC), dtype=dt, src="l1", dst="l0a",
-                                    wait=(("pl1.full",) if d == 0 and step == 0 else ()) + ("l0.free",)),
-                                ins("mte1", "load_l0b", Act("copy", Ref("l0b", (0, 0), (KC, p.vc)),
-                                                            (Ref("l1.v", (s * KC, 0), (KC, p.vc)),), dt),
-                                    bytes=nbytes(dt, KC, p.vc), dtype=dt, src="l1", dst="l0b",
-                                    wait=("k.full",) if s == 0 else (),
-                                    set=("l0.full",) + (("k.free",) if s == VK // KC - 1 else ())
-                                    + (("pl1.free",) if d == ndv - 1 and last else ())),
-                                ins("cube", "mmad", Act("mmad", Ref("l0c", (0, 0), (c, p.vc)),
-                                                        ((Ref("l0c", (0, 0), (c, p.vc)),) if step else ())
-                                                        + (Ref("l0a", (0, 0), (c, KC)), Ref("l0b", (0, 0), (KC, p.vc))),
-                                                        "fp32", (("accumulate", step > 0),)),
-                                    flops=2.0 * c * KC * p.vc, dtype=dt, src="l0a", dst="l0c",
-                                    wait=("l0.full",) + (("l0c.free",) if step == 0 else ()),
-                                    set=("l0.free",) + (("l0c.full",) if last else ()))]
-                    edge_in, edge_out = r == 0 and d == 0, r == rq - 1 and d == ndv - 1
-                    body.append(ins("fixpipe", "store_o", Act("fixpipe", Ref(f"ws.o{slot}", (r * c, d * p.vc),
-                                                                             (c, p.vc)),
-                                                              (Ref("l0c", (0, 0), (c, p.vc)),), "fp32"),
-                                    bytes=4.0 * c * p.vc, dtype="fp32", src="l0c", dst="gm", hit=ws_hit,
-                                    wait=("l0c.full",) + (("o.free0", "o.free1") if edge_in else ()),
-                                    set=("l0c.free",) + (("o.full0", "o.full1") if edge_out else ())))
-            return tuple(body)
+                    self.load_v(c, slot, kt, d, kh, self.g and r == self.rq - 1 and d == ndv - 1 and kh == nkh - 1)
+                    for s in range(sub):
+                        step = kh * sub + s
+                        last = step == nkh * sub - 1
+                        self.split(c, Ref("l1.p", (0, step * KC), (c_, KC)), Ref("l1.v", (s * KC, 0), (KC, p.vc)),
+                                   (c_, KC), (KC, p.vc), take_k=s == 0, give_k=s == sub - 1,
+                                   take_p=d == 0 and step == 0, give_p=d == ndv - 1 and last)
+                        self.mmad(c, (c_, KC), (KC, p.vc), p.vc, step, last)
+                self.store(c, "store_o", Ref(f"ws.o{slot}", (r * c_, d * p.vc), (c_, p.vc)), self.q.o,
+                           r == 0 and d == 0, r == self.rq - 1 and d == ndv - 1)
 
-        # ---------------------------------------------------------------- AIV a: gather, V1 softmax, V2 rescale
-        def rows_of(a: int, j: int) -> int:
-            return a * ra + j * p.vr
+    @stage
+    def load_p(self, c: Code, slot: int, r: int, kh: int, nkh: int) -> None:
+        """VK columns of row chunk r of P from the AIVs' workspace into L1."""
+        dt, c_, q = self.dt, self.c, self.q
+        if kh == 0:
+            c.alloc(q.pl1)
+        if r == 0 and kh == 0:
+            c.deque(q.p)
+        c.op("mte2", "load_p", Act("load", Ref("l1.p", (0, kh * VK), (c_, VK)),
+                                   (Ref(f"ws.p{slot}", (r * c_, kh * VK), (c_, VK)),), dt),
+             bytes=nbytes(dt, c_, VK), dtype=dt, src="gm", dst="l1", hit=1.0)
+        if kh == nkh - 1:
+            c.enque(q.pl1)
+        if r == self.rq - 1 and kh == nkh - 1:
+            c.free(q.p)
 
-        @lru_cache(maxsize=None)
-        def gather(a: int, slot: int, kt: Lin, o: int) -> tuple[Node, ...]:
-            body: list[Node] = []
-            half, n = bn // 2, bn // 2 // GATHER_ROWS
-            for j in range(n):
-                col = plus(kt, bn, base=a * half + j * GATHER_ROWS)
-                body += [
-                    ins("mte2", "gather", Act("gather", Ref("ub.g", (0, 0), (GATHER_ROWS, dq)),
-                                              (Ref("indices", (lin((f"irow{o}", 1)), col), (1, GATHER_ROWS), istop),
-                                               Ref("kv", (0, 0), (-1, -1))), dt,
-                                              (("fill", -1), ("base", lin(("bk", self.kv_rows))))),
-                        bytes=nbytes(dt, GATHER_ROWS, dq) + 4.0 * GATHER_ROWS, dtype=dt, src="gm", dst="ub",
-                        hit=hit_gather, wait=(f"ub.free{a}",) + ((f"kv.free{a}",) if j == 0 else ()), set=(f"ub.full{a}",)),
-                    ins("mte3", "store_kv", Act("store", Ref(f"ws.kv{slot}", (a * half + j * GATHER_ROWS, 0),
-                                                             (GATHER_ROWS, dq)),
-                                                (Ref("ub.g", (0, 0), (GATHER_ROWS, dq)),), dt),
-                        bytes=nbytes(dt, GATHER_ROWS, dq), dtype=dt, src="ub", dst="gm", hit=ws_hit,
-                        wait=(f"ub.full{a}",),
-                        set=(f"ub.free{a}",) + ((f"kv.full{a}",) if j == n - 1 else ()))]
-            return tuple(body)
+    @stage
+    def load_v(self, c: Code, slot: int, kt: Lin, d: int, kh: int, release: bool) -> None:
+        """A V chunk (VK keys x vc columns) into the L1 ring; the gathered rows' workspace is freed after the last."""
+        p, dt = self.p, self.dt
+        if self.g:
+            src = Ref(f"ws.kv{slot}", (kh * VK, d * p.vc), (VK, p.vc))
+        else:
+            src = Ref("v", (plus(kt, self.bn, ("kvrow", 1), base=kh * VK), d * p.vc), (VK, p.vc),
+                      (self.kvstop[0], self.dv))
+        c.alloc(self.q.k)
+        c.op("mte2", "load_v", Act("load", Ref("l1.v", (0, 0), (VK, p.vc)), (src,), dt),
+             bytes=nbytes(dt, VK, p.vc), dtype=dt, src="gm", dst="l1", hit=1.0 if self.g else self.hit_kv)
+        c.enque(self.q.k)
+        if release:
+            c.free(self.q.kv)
 
-        def mask_args(a: int, j: int, o: int) -> tuple:
-            return (("scale", scale), ("qpos", lin((f"qpos{o}", 1))), ("row", rows_of(a, j)), ("hb", p.hb),
-                    ("causal", self.mask_causal))
+    # ---------------------------------------------------------------- AIV: gather, V1 softmax, V2 rescale
+    def rows_of(self, a: int, j: int) -> int:
+        return a * self.ra + j * self.p.vr
 
-        @lru_cache(maxsize=None)
-        def softmax(a: int, slot: int, kt: Lin, o: int, first: bool) -> tuple[Node, ...]:
-            """V1 of one key tile of the group `o` groups ahead; its first tile starts the running max and sum."""
-            pos = Ref("ub.pos", (0, 0), (1, bn))
-            if g:
-                body: list[Node] = [ins("mte2", "load_idx", Act("load", pos, (Ref("indices", (lin((f"irow{o}", 1)),
-                                                                                          plus(kt, bn)), (1, bn),
-                                                                                     istop),), "int32",
-                                                                (("fill", -1),)),
-                                        bytes=4.0 * bn, dtype="int32", src="gm", dst="ub")]
+    @stage
+    def gather(self, c: Code, slot: int, kt: Lin, o: int) -> None:
+        """This AIV's half of key tile kt's selected rows (of the group `o` on), GATHER_ROWS per discrete copy,
+        into the gathered rows' workspace; the AIC is told after the last."""
+        dt, dq, a, q = self.dt, self.dq, c.aiv, self.q
+        half, n = self.bn // 2, self.bn // 2 // GATHER_ROWS
+        ub = Ref("ub.g", (0, 0), (GATHER_ROWS, dq))
+        for j in range(n):
+            col = plus(kt, self.bn, base=a * half + j * GATHER_ROWS)
+            c.alloc(q.ub)
+            if j == 0:
+                c.alloc(q.kv)
+            c.op("mte2", "gather", Act("gather", ub, (Ref("indices", (lin((f"irow{o}", 1)), col), (1, GATHER_ROWS),
+                                                          self.istop), Ref("kv", (0, 0), (-1, -1))), dt,
+                                       (("fill", -1), ("base", lin(("bk", self.k.kv_rows))))),
+                 bytes=nbytes(dt, GATHER_ROWS, dq) + 4.0 * GATHER_ROWS, dtype=dt, src="gm", dst="ub",
+                 hit=self.hit_gather)
+            c.enque(q.ub)
+            c.deque(q.ub)
+            c.op("mte3", "store_kv", Act("store", Ref(f"ws.kv{slot}", (a * half + j * GATHER_ROWS, 0),
+                                                      (GATHER_ROWS, dq)), (ub,), dt),
+                 bytes=nbytes(dt, GATHER_ROWS, dq), dtype=dt, src="ub", dst="gm", hit=self.ws_hit)
+            c.free(q.ub)
+            if j == n - 1:
+                c.enque(q.kv)
+
+    def mask_args(self, a: int, j: int, o: int) -> tuple:
+        return (("scale", self.scale), ("qpos", lin((f"qpos{o}", 1))), ("row", self.rows_of(a, j)),
+                ("hb", self.p.hb), ("causal", self.k.mask_causal))
+
+    @stage
+    def softmax(self, c: Code, slot: int, kt: Lin, o: int, first: bool) -> None:
+        """V1 of key tile kt of the group `o` groups on: the keys' positions (indices, or an iota), then per chunk
+        of rows S in, the running max and sum (started by the group's first tile), P = exp(S - m) out."""
+        bn, vr, a, q = self.bn, self.p.vr, c.aiv, self.q
+        pos = Ref("ub.pos", (0, 0), (1, bn))
+        if self.g:
+            c.op("mte2", "load_idx", Act("load", pos, (Ref("indices", (lin((f"irow{o}", 1)), plus(kt, bn)), (1, bn),
+                                                           self.istop),), "int32", (("fill", -1),)),
+                 bytes=4.0 * bn, dtype="int32", src="gm", dst="ub")
+        else:
+            c.op("vector", "iota", Act("iota", pos, (), "int32", (("kpos", plus(kt, bn)), ("keys", self.k.keys))),
+                 bytes=4.0 * bn, dtype="int32", src="ub", dst="ub")
+        s_ub, p_ub = Ref("ub.s", (0, 0), (vr, bn)), Ref("ub.p", (0, 0), (vr, bn))
+        for j in range(self.nch):
+            st = Ref(f"ub.st{slot}", (j * vr, 0), (vr, 3))
+            prev = () if first else (Ref(f"ub.st{1 - slot}", (j * vr, 0), (vr, 3)),)
+            c.alloc(q.sb)
+            if j == 0:
+                c.deque(q.s)
+            c.op("mte2", "load_s", Act("load", s_ub, (Ref(f"ws.s{slot}", (self.rows_of(a, j), 0), (vr, bn)),),
+                                       "fp32"), bytes=4.0 * vr * bn, dtype="fp32", src="gm", dst="ub", hit=1.0)
+            c.enque(q.sb)
+            if j == self.nch - 1:
+                c.free(q.s)
+            c.deque(q.sb)
+            c.op("vector", "softmax_state", Act("softmax_state", st, (pos, s_ub) + prev, "fp32",
+                                                self.mask_args(a, j, o)),
+                 flops=4.0 * vr * bn, bytes=4.0 * vr * bn, dtype="fp32", src="ub", dst="ub")
+            c.alloc(q.pb)
+            c.op("vector", "softmax_exp", Act("softmax_exp", p_ub, (pos, s_ub, st), self.dt, self.mask_args(a, j, o)),
+                 flops=2.0 * vr * bn, bytes=4.0 * vr * bn, dtype="fp32", src="ub", dst="ub")
+            c.free(q.sb)
+            c.enque(q.pb)
+            self.store_p(c, slot, j, p_ub)
+
+    @stage
+    def store_p(self, c: Code, slot: int, j: int, p_ub: Ref) -> None:
+        """A chunk of P to the workspace the AIC reads; the AIC is told after the last."""
+        vr, q = self.p.vr, self.q
+        c.deque(q.pb)
+        if j == 0:
+            c.alloc(q.p)
+        c.op("mte3", "store_p", Act("store", Ref(f"ws.p{slot}", (self.rows_of(c.aiv, j), 0), (vr, self.bn)), (p_ub,),
+                                    self.dt), bytes=nbytes(self.dt, vr, self.bn), dtype=self.dt, src="ub", dst="gm",
+             hit=self.ws_hit)
+        c.free(q.pb)
+        if j == self.nch - 1:
+            c.enque(q.p)
+
+    def acc_ws(self, a: int, j: int) -> Ref:
+        return Ref("ws.acc", (self.rows_of(a, j), 0), (self.p.vr, self.dv))
+
+    @stage
+    def accumulate(self, c: Code, slot: int, first: bool) -> None:
+        """V2: acc = acc * alpha + O~ per chunk of rows (the rescale is its own instruction, so a tiling that drops
+        it fails numerically); a group's first tile just keeps O~."""
+        vr, dv, a, q = self.p.vr, self.dv, c.aiv, self.q
+        acc_ub, o_ub = Ref("ub.acc", (0, 0), (vr, dv)), Ref("ub.o", (0, 0), (vr, dv))
+        for j in range(self.nch):
+            st = Ref(f"ub.st{slot}", (j * vr, 0), (vr, 3))
+            o_ws = Ref(f"ws.o{slot}", (self.rows_of(a, j), 0), (vr, dv))
+            c.alloc(q.acc)
+            if j == 0:
+                c.deque(q.o)
+            if first:
+                c.op("mte2", "load_o", Act("load", acc_ub, (o_ws,), "fp32"), bytes=4.0 * vr * dv, dtype="fp32",
+                     src="gm", dst="ub", hit=1.0)
+                c.enque(q.acc, to="mte3")
             else:
-                body = [ins("vector", "iota", Act("iota", pos, (), "int32", (("kpos", plus(kt, bn)), ("keys", S))),
-                            bytes=4.0 * bn, dtype="int32", src="ub", dst="ub")]
-            for j in range(nch):
-                s_ub, p_ub = Ref("ub.s", (0, 0), (p.vr, bn)), Ref("ub.p", (0, 0), (p.vr, bn))
-                st = Ref(f"ub.st{slot}", (j * p.vr, 0), (p.vr, 3))
-                body += [
-                    ins("mte2", "load_s", Act("load", s_ub, (Ref(f"ws.s{slot}", (rows_of(a, j), 0), (p.vr, bn)),),
-                                              "fp32"),
-                        bytes=4.0 * p.vr * bn, dtype="fp32", src="gm", dst="ub", hit=1.0,
-                        wait=(f"sb.free{a}",) + ((f"s.full{a}",) if j == 0 else ()),
-                        set=(f"sb.full{a}",) + ((f"s.free{a}",) if j == nch - 1 else ())),
-                    ins("vector", "softmax_state", Act("softmax_state", st, (pos, s_ub) + (
-                        () if first else (Ref(f"ub.st{1 - slot}", (j * p.vr, 0), (p.vr, 3)),)), "fp32",
-                                                       mask_args(a, j, o)),
-                        flops=4.0 * p.vr * bn, bytes=4.0 * p.vr * bn, dtype="fp32", src="ub", dst="ub",
-                        wait=(f"sb.full{a}",)),
-                    ins("vector", "softmax_exp", Act("softmax_exp", p_ub, (pos, s_ub, st), dt, mask_args(a, j, o)),
-                        flops=2.0 * p.vr * bn, bytes=4.0 * p.vr * bn, dtype="fp32", src="ub", dst="ub",
-                        wait=(f"pb.free{a}",), set=(f"sb.free{a}", f"pb.full{a}")),
-                    ins("mte3", "store_p", Act("store", Ref(f"ws.p{slot}", (rows_of(a, j), 0), (p.vr, bn)), (p_ub,), dt),
-                        bytes=nbytes(dt, p.vr, bn), dtype=dt, src="ub", dst="gm", hit=ws_hit,
-                        wait=(f"pb.full{a}",) + ((f"p.free{a}",) if j == 0 else ()),
-                        set=(f"pb.free{a}",) + ((f"p.full{a}",) if j == nch - 1 else ()))]
-            return tuple(body)
+                c.op("mte2", "load_acc", Act("load", acc_ub, (self.acc_ws(a, j),), "fp32"), bytes=4.0 * vr * dv,
+                     dtype="fp32", src="gm", dst="ub", hit=1.0)
+                c.op("mte2", "load_o", Act("load", o_ub, (o_ws,), "fp32"), bytes=4.0 * vr * dv, dtype="fp32",
+                     src="gm", dst="ub", hit=1.0)
+                c.enque(q.acc, to="vector")
+            if j == self.nch - 1:
+                c.free(q.o)
+            if not first:
+                c.deque(q.acc, at="vector")
+                c.op("vector", "rescale", Act("rescale", acc_ub, (acc_ub, st), "fp32"), flops=1.0 * vr * dv,
+                     bytes=4.0 * vr * dv, dtype="fp32", src="ub", dst="ub")
+                c.op("vector", "accumulate", Act("add", acc_ub, (acc_ub, o_ub), "fp32"), flops=1.0 * vr * dv,
+                     bytes=4.0 * vr * dv, dtype="fp32", src="ub", dst="ub")
+                c.enque(q.acc)
+            c.deque(q.acc)
+            c.op("mte3", "store_acc", Act("store", self.acc_ws(a, j), (acc_ub,), "fp32"), bytes=4.0 * vr * dv,
+                 dtype="fp32", src="ub", dst="gm", hit=self.ws_hit)
+            c.free(q.acc)
 
-        acc_ub, o_ub = Ref("ub.acc", (0, 0), (p.vr, dv)), Ref("ub.o", (0, 0), (p.vr, dv))
+    @stage
+    def load_acc(self, c: Code, j: int) -> Ref:
+        """A chunk of the running output back into UB, handed to the vector."""
+        acc_ub = Ref("ub.acc", (0, 0), (self.p.vr, self.dv))
+        c.alloc(self.q.acc)
+        c.op("mte2", "load_acc", Act("load", acc_ub, (self.acc_ws(c.aiv, j),), "fp32"), bytes=4.0 * self.p.vr * self.dv,
+             dtype="fp32", src="gm", dst="ub", hit=1.0)
+        c.enque(self.q.acc, to="vector")
+        c.deque(self.q.acc, at="vector")
+        return acc_ub
 
-        def acc_ws(a: int, j: int) -> Ref:
-            return Ref("ws.acc", (rows_of(a, j), 0), (p.vr, dv))
+    @stage
+    def finalize(self, c: Code, slot: int) -> None:
+        """out = acc / l (with the sink's e^(sink - m) in l) in bf16, per chunk of rows."""
+        vr, dv, a, hb, q = self.p.vr, self.dv, c.aiv, self.p.hb, self.q
+        out_ub = Ref("ub.out", (0, 0), (vr, dv))
+        for j in range(self.nch):
+            st = Ref(f"ub.st{slot}", (j * vr, 0), (vr, 3))
+            sink = (Ref("sink", (0, lin(("hk", hb), base=self.rows_of(a, j))), (1, vr)),) if self.k.with_sink else ()
+            out = Ref("out", (lin(("grow0", 1), base=self.rows_of(a, j)), 0), (vr, dv), self.ostop)
+            acc_ub = self.load_acc(c, j)
+            c.op("vector", "finalize", Act("finalize", out_ub, (acc_ub, st) + sink, "bf16"), flops=2.0 * vr * dv,
+                 bytes=4.0 * vr * dv, dtype="fp32", src="ub", dst="ub")
+            c.enque(q.acc)
+            c.deque(q.acc)
+            c.op("mte3", "store_out", Act("store", out, (out_ub,), "bf16"), bytes=nbytes("bf16", vr, dv),
+                 dtype="bf16", src="ub", dst="gm")
+            c.free(q.acc)
 
-        def store_acc(a: int, j: int) -> Node:
-            return ins("mte3", "store_acc", Act("store", acc_ws(a, j), (acc_ub,), "fp32"), bytes=4.0 * p.vr * dv,
-                       dtype="fp32", src="ub", dst="gm", hit=ws_hit, wait=(f"ab.done{a}",), set=(f"ab.free{a}",))
+    # ---------------------------------------------------------------- split-KV: partials, SyncAll, combine
+    @stage
+    def partial(self, c: Code, slot: int) -> None:
+        """This key range's normalised output and log-sum-exp (m + ln l) per row, to the GM partials."""
+        vr, dv, a, q, stop = self.p.vr, self.dv, c.aiv, self.q, (self.ostop[0], None)
+        o_ub, lse_ub = Ref("ub.out", (0, 0), (vr, dv)), Ref("ub.lse", (0, 0), (vr, 1))
+        for j in range(self.nch):
+            st = Ref(f"ub.st{slot}", (j * vr, 0), (vr, 3))
+            row = lin(("grow0", 1), base=self.rows_of(a, j))
+            acc_ub = self.load_acc(c, j)
+            c.op("vector", "partial", Act("partial", o_ub, (acc_ub, st), "fp32"), flops=1.0 * vr * dv,
+                 bytes=4.0 * vr * dv, dtype="fp32", src="ub", dst="ub")
+            c.op("vector", "lse", Act("lse", lse_ub, (st,), "fp32"), flops=2.0 * vr, bytes=12.0 * vr, dtype="fp32",
+                 src="ub", dst="ub")
+            c.enque(q.acc)
+            c.deque(q.acc)
+            c.op("mte3", "store_partial", Act("store", Ref("gm.part_o", (row, lin(("si", dv))), (vr, dv), stop),
+                                              (o_ub,), "fp32"),
+                 bytes=4.0 * vr * dv, dtype="fp32", src="ub", dst="gm", hit=self.part_hit)
+            c.op("mte3", "store_lse", Act("store", Ref("gm.part_lse", (row, lin(("si", 1))), (vr, 1), stop),
+                                          (lse_ub,), "fp32"),
+                 bytes=4.0 * vr, dtype="fp32", src="ub", dst="gm", hit=self.part_hit)
+            c.free(q.acc)
 
-        @lru_cache(maxsize=None)
-        def accumulate(a: int, slot: int, first: bool) -> tuple[Node, ...]:
-            """V2: acc = acc * alpha + O~ (the rescale is its own instruction); a group's first tile just keeps O~."""
-            body: list[Node] = []
-            for j in range(nch):
-                st = Ref(f"ub.st{slot}", (j * p.vr, 0), (p.vr, 3))
-                o_ws = Ref(f"ws.o{slot}", (rows_of(a, j), 0), (p.vr, dv))
-                o_wait, o_set = (f"o.full{a}",) if j == 0 else (), (f"o.free{a}",) if j == nch - 1 else ()
-                if first:
-                    body += [ins("mte2", "load_o", Act("load", acc_ub, (o_ws,), "fp32"), bytes=4.0 * p.vr * dv,
-                                 dtype="fp32", src="gm", dst="ub", hit=1.0, wait=(f"ab.free{a}",) + o_wait,
-                                 set=(f"ab.done{a}",) + o_set), store_acc(a, j)]
-                    continue
-                body += [
-                    ins("mte2", "load_acc", Act("load", acc_ub, (acc_ws(a, j),), "fp32"), bytes=4.0 * p.vr * dv,
-                        dtype="fp32", src="gm", dst="ub", hit=1.0, wait=(f"ab.free{a}",) + o_wait),
-                    ins("mte2", "load_o", Act("load", o_ub, (o_ws,), "fp32"), bytes=4.0 * p.vr * dv, dtype="fp32",
-                        src="gm", dst="ub", hit=1.0, set=(f"ab.full{a}",) + o_set),
-                    ins("vector", "rescale", Act("rescale", acc_ub, (acc_ub, st), "fp32"), flops=1.0 * p.vr * dv,
-                        bytes=4.0 * p.vr * dv, dtype="fp32", src="ub", dst="ub", wait=(f"ab.full{a}",)),
-                    ins("vector", "accumulate", Act("add", acc_ub, (acc_ub, o_ub), "fp32"), flops=1.0 * p.vr * dv,
-                        bytes=4.0 * p.vr * dv, dtype="fp32", src="ub", dst="ub", set=(f"ab.done{a}",)),
-                    store_acc(a, j)]
-            return tuple(body)
+    @stage
+    def combine(self, c: Code) -> None:
+        """cr rows: weights w_s = e^(lse_s - M) / (sum_s e^(lse_s - M) [+ e^(sink - M)]), out = sum_s w_s o_s."""
+        cr, ranges, dv, hg, q = self.cr, self.ranges, self.dv, self.hg, self.q
+        r0, stop = lin(("blk", 2 * cr), base=c.aiv * cr), (self.rtot, None)
+        lse, wts, acc = Ref("ub.lse", (0, 0), (cr, ranges)), Ref("ub.w", (0, 0), (cr, ranges)), \
+            Ref("ub.cacc", (0, 0), (cr, dv))
+        sink = (Ref("sink", (0, lin(("blk", 2 * cr), base=c.aiv * cr, mod=hg)), (1, cr)),) if self.k.with_sink else ()
+        c.alloc(q.cl)
+        c.op("mte2", "load_lse", Act("load", lse, (Ref("gm.part_lse", (r0, 0), (cr, ranges), stop),), "fp32"),
+             bytes=4.0 * cr * ranges, dtype="fp32", src="gm", dst="ub", hit=self.part_hit)
+        c.enque(q.cl)
+        c.deque(q.cl)
+        c.alloc(q.co)
+        c.op("vector", "merge_weights", Act("merge_weights", wts, (lse,) + sink, "fp32"), flops=4.0 * cr * ranges,
+             bytes=8.0 * cr * ranges, dtype="fp32", src="ub", dst="ub")
+        c.free(q.cl)
+        c.op("vector", "zero", Act("zero", acc), bytes=4.0 * cr * dv, dtype="fp32", dst="ub")
+        for r in range(ranges):
+            o = Ref(f"ub.co{r % 2}", (0, 0), (cr, dv))
+            c.alloc(q.cb)
+            c.op("mte2", "load_partial", Act("load", o, (Ref("gm.part_o", (r0, r * dv), (cr, dv), stop),), "fp32"),
+                 bytes=4.0 * cr * dv, dtype="fp32", src="gm", dst="ub", hit=self.part_hit)
+            c.enque(q.cb)
+            c.deque(q.cb)
+            c.op("vector", "merge", Act("axpy", acc, (acc, wts, o), "fp32", (("col", r),)), flops=2.0 * cr * dv,
+                 bytes=8.0 * cr * dv, dtype="fp32", src="ub", dst="ub")
+            c.free(q.cb)
+        c.enque(q.co)
+        c.deque(q.co)
+        c.op("mte3", "store_out", Act("store", Ref("out", (r0, 0), (cr, dv), (self.rtot, dv)), (acc,), "bf16"),
+             bytes=nbytes("bf16", cr, dv), dtype="bf16", src="ub", dst="gm")
+        c.free(q.co)
 
-        @lru_cache(maxsize=None)
-        def finalize(a: int, slot: int) -> tuple[Node, ...]:
-            body: list[Node] = []
-            for j in range(nch):
-                st = Ref(f"ub.st{slot}", (j * p.vr, 0), (p.vr, 3))
-                sink = (Ref("sink", (0, lin(("hk", p.hb), base=rows_of(a, j))), (1, p.vr)),) if self.with_sink else ()
-                out = Ref("out", (lin(("grow0", 1), base=rows_of(a, j)), 0), (p.vr, dv), ostop)
-                body += [ins("mte2", "load_acc", Act("load", acc_ub, (acc_ws(a, j),), "fp32"), bytes=4.0 * p.vr * dv,
-                             dtype="fp32", src="gm", dst="ub", hit=1.0, wait=(f"ab.free{a}",), set=(f"ab.full{a}",)),
-                         ins("vector", "finalize", Act("finalize", Ref("ub.out", (0, 0), (p.vr, dv)),
-                                                       (acc_ub, st) + sink, "bf16"),
-                             flops=2.0 * p.vr * dv, bytes=4.0 * p.vr * dv, dtype="fp32", src="ub", dst="ub",
-                             wait=(f"ab.full{a}",), set=(f"ab.done{a}",)),
-                         ins("mte3", "store_out", Act("store", out, (Ref("ub.out", (0, 0), (p.vr, dv)),), "bf16"),
-                             bytes=nbytes("bf16", p.vr, dv), dtype="bf16", src="ub", dst="gm",
-                             wait=(f"ab.done{a}",), set=(f"ab.free{a}",))]
-            return tuple(body)
+    def combine_band(self) -> Band | None:
+        """After a SyncAll, the vector cores merge the key ranges' partials, cr rows per tile."""
+        if self.ranges <= 1:
+            return None
+        barrier, bodies = [], []
+        for a in range(AIVS):
+            v = self.prog.code(AIV, a)
+            v.sync_all()
+            barrier.append(v.body())
+            v = self.prog.code(AIV, a)
+            self.combine(v)
+            bodies.append(v.body())
+        return Band(cdiv(self.rtot, 2 * self.cr), None, tuple(bodies), lead=tuple(barrier))
 
-        # ---------------------------------------------------------------- split-KV: partials, barrier, combine
-        Rtot = B * KVH * T * hg  # q rows of the launch, the row order of out and of the partials
-        part_hit = 1.0 if 4.0 * Rtot * p.splits * (dv + 1) <= chip.l2.size else 0.0  # partials stay in L2
+    # ---------------------------------------------------------------- a block's stream of (group, key tile)
+    # The tiles of all groups of a block form one stream u = gi * n + k, and the preload runs along it across
+    # group boundaries: the AIC issues C1 one tile ahead of C2 (the next group's Q is loaded into the Q/P slots
+    # once this group's last C1 is done, models.md §3.5), the AIVs gather two tiles ahead and run V1 one tile
+    # ahead of V2, so the cube does not drain at every token. Buffer slots alternate along the stream.
+    def bind(self, c: Code, gi: Lin) -> None:
+        """Rows, token, query position and index row of the group and of the two after it."""
+        b: dict[str, Lin] = {"gi": gi}
+        for o in range(3):
+            b |= {f"gtok{o}": lin(("t0", 1), ("gi", 1), base=o),
+                  f"grow{o}": lin(("row0", 1), ("gi", self.p.hb), base=o * self.p.hb),
+                  f"qpos{o}": lin((f"gtok{o}", 1), base=self.k.keys - self.k.tokens),
+                  f"irow{o}": lin(("bk", self.k.tokens), (f"gtok{o}", 1))}
+        c.addr(**b)
 
-        @lru_cache(maxsize=None)
-        def partial(a: int, slot: int) -> tuple[Node, ...]:
-            """This key range's normalised output and log-sum-exp (m + ln l) per row, to the GM partials."""
-            body: list[Node] = []
-            for j in range(nch):
-                st = Ref(f"ub.st{slot}", (j * p.vr, 0), (p.vr, 3))
-                row = lin(("grow0", 1), base=rows_of(a, j))
-                o_ub, lse_ub = Ref("ub.out", (0, 0), (p.vr, dv)), Ref("ub.lse", (0, 0), (p.vr, 1))
-                body += [ins("mte2", "load_acc", Act("load", acc_ub, (acc_ws(a, j),), "fp32"), bytes=4.0 * p.vr * dv,
-                             dtype="fp32", src="gm", dst="ub", hit=1.0, wait=(f"ab.free{a}",), set=(f"ab.full{a}",)),
-                         ins("vector", "partial", Act("partial", o_ub, (acc_ub, st), "fp32"), flops=1.0 * p.vr * dv,
-                             bytes=4.0 * p.vr * dv, dtype="fp32", src="ub", dst="ub", wait=(f"ab.full{a}",)),
-                         ins("vector", "lse", Act("lse", lse_ub, (st,), "fp32"), flops=2.0 * p.vr, bytes=12.0 * p.vr,
-                             dtype="fp32", src="ub", dst="ub", set=(f"ab.done{a}",)),
-                         ins("mte3", "store_partial", Act("store", Ref("gm.part_o", (row, lin(("si", dv))), (p.vr, dv),
-                                                                       (ostop[0], None)), (o_ub,), "fp32"),
-                             bytes=4.0 * p.vr * dv, dtype="fp32", src="ub", dst="gm", hit=part_hit,
-                             wait=(f"ab.done{a}",)),
-                         ins("mte3", "store_lse", Act("store", Ref("gm.part_lse", (row, lin(("si", 1))), (p.vr, 1),
-                                                                   (ostop[0], None)), (lse_ub,), "fp32"),
-                             bytes=4.0 * p.vr, dtype="fp32", src="ub", dst="gm", hit=part_hit, set=(f"ab.free{a}",))]
-            return tuple(body)
+    @staticmethod
+    def stretch(c: Code, count: int, j0: int, n: int, make, var: str) -> None:
+        """Iterations j0 .. j0+count-1 of a uniform run, unrolled by two so slots stay static; make(j, tile) writes
+        one with the static j (its parity) and tile(d), the Lin of key tile j + d."""
+        if count <= 0:
+            return
+        if count // 2:
+            with c.loop(count // 2, var):
+                make(j0, lambda d: lin((var, 2), K0, base=j0 + d))
+                make(j0 + 1, lambda d: lin((var, 2), K0, base=j0 + 1 + d))
+        if count % 2:
+            j = j0 + count - 1
+            make(j, lambda d: at(j + d, n))
 
-        def barrier(a: int) -> tuple[Node, ...]:
-            """AscendC SyncAll between the phases: each vector core bumps a GM counter once its partials are out
-            (MTE3, after its last store) and polls it before the combine reads; the engine and the functional path
-            both run `sync_all` as a barrier over all cores, so the wait for the slowest core is timed."""
-            return (ins("mte3", "sync_all", bytes=32.0, dtype="int32", src="ub", dst="gm", hit=1.0, set=(f"sync{a}",)),
-                    ins("mte2", "sync_poll", bytes=32.0, dtype="int32", src="gm", dst="ub", hit=1.0,
-                        wait=(f"sync{a}",)))
+    def aic_group(self, c: Code, n: int, gp: int, ahead: int) -> None:
+        """C2 of the group's tiles with C1 one tile ahead, into the next group when there is one (ahead > 0)."""
+        sl = lambda j: (gp * n + j) % 2  # noqa: E731
 
-        def combine(a: int, ranges: int, cr: int) -> tuple[Node, ...]:
-            """cr rows: weights w_s = e^(lse_s - M) / (sum_s e^(lse_s - M) [+ e^(sink - M)]), out = sum_s w_s o_s."""
-            r0 = lin(("blk", 2 * cr), base=a * cr)
-            stop = (Rtot, None)
-            lse, wts, acc = Ref("ub.lse", (0, 0), (cr, ranges)), Ref("ub.w", (0, 0), (cr, ranges)), \
-                Ref("ub.cacc", (0, 0), (cr, dv))
-            sink = (Ref("sink", (0, lin(("blk", 2 * cr), base=a * cr, mod=hg)), (1, cr)),) if self.with_sink else ()
-            body: list[Node] = [
-                ins("mte2", "load_lse", Act("load", lse, (Ref("gm.part_lse", (r0, 0), (cr, ranges), stop),), "fp32"),
-                    bytes=4.0 * cr * ranges, dtype="fp32", src="gm", dst="ub", hit=part_hit, wait=(f"cl.free{a}",),
-                    set=(f"cl.full{a}",)),
-                ins("vector", "merge_weights", Act("merge_weights", wts, (lse,) + sink, "fp32"),
-                    flops=4.0 * cr * ranges, bytes=8.0 * cr * ranges, dtype="fp32", src="ub", dst="ub",
-                    wait=(f"cl.full{a}", f"co.free{a}"), set=(f"cl.free{a}",)),
-                ins("vector", "zero", Act("zero", acc), bytes=4.0 * cr * dv, dtype="fp32", dst="ub")]
-            for r in range(ranges):
-                o = Ref(f"ub.co{r % 2}", (0, 0), (cr, dv))
-                body += [ins("mte2", "load_partial", Act("load", o, (Ref("gm.part_o", (r0, r * dv), (cr, dv), stop),),
-                                                         "fp32"),
-                             bytes=4.0 * cr * dv, dtype="fp32", src="gm", dst="ub", hit=part_hit,
-                             wait=(f"cb.free{a}",), set=(f"cb.full{a}",)),
-                         ins("vector", "merge", Act("axpy", acc, (acc, wts, o), "fp32", (("col", r),)),
-                             flops=2.0 * cr * dv, bytes=8.0 * cr * dv, dtype="fp32", src="ub", dst="ub",
-                             wait=(f"cb.full{a}",), set=(f"cb.free{a}",) + ((f"co.full{a}",) if r == ranges - 1 else ()))]
-            body.append(ins("mte3", "store_out", Act("store", Ref("out", (r0, 0), (cr, dv), (Rtot, dv)), (acc,), "bf16"),
-                            bytes=nbytes("bf16", cr, dv), dtype="bf16", src="ub", dst="gm", wait=(f"co.full{a}",),
-                            set=(f"co.free{a}",)))
-            return tuple(body)
+        def pair(j: int, t) -> None:
+            c.fragment(self.c1, sl(j + 1), t(1))
+            c.fragment(self.c2, sl(j), t(0))
 
-        # ---------------------------------------------------------------- a block's stream of (group, key tile)
-        # The tiles of all groups of a block form one stream u = gi * n + k, and the preload runs along it across
-        # group boundaries: the AIC issues C1 one tile ahead of C2 (the next group's Q is loaded into the Q/P slots
-        # once this group's last C1 is done, models.md §3.5), the AIVs gather two tiles ahead and run V1 one tile
-        # ahead of V2, so the cube does not drain at every token. Buffer slots alternate along the stream.
-        K0 = ("k0", 1)  # key tiles are numbered from the first tile of the block's key range
-        G = p.groups
-        gat = gather if g else (lambda a, slot, kt, o: ())
-        end = partial if p.splits > 1 else finalize
+        self.stretch(c, n - 2, 0, n, pair, "kp")
+        if n >= 2:
+            c.fragment(self.c1, sl(n - 1), at(n - 1, n))
+        c.fragment(self.release_q)
+        if n >= 2:
+            c.fragment(self.c2, sl(n - 2), at(n - 2, n))
+        if ahead:
+            c.fragment(self.load_q, 1)
+            c.fragment(self.c1, sl(n), at(0, n))
+        c.fragment(self.c2, sl(n - 1), at(n - 1, n))
 
-        def at(k: int, n: int) -> Lin:
-            """Key tile k of n; tiles near the end relative to the band's 'klast' so bands share instructions."""
-            return lin(K0, base=k) if k < 3 else lin(("klast", 1), K0, base=k - n + 1)
+    def aiv_group(self, c: Code, n: int, gp: int, ahead: int) -> None:
+        """V2 of the group's tiles, V1 one tile and the gathers two tiles ahead (into the next `ahead` groups)."""
+        sl = lambda j: (gp * n + j) % 2  # noqa: E731
+        end = self.partial if self.p.splits > 1 else self.finalize
 
-        def bind(gi: Lin) -> Node:
-            """Rows, token, query position and index row of the group and of the two after it."""
-            b: dict[str, Lin] = {"gi": gi}
-            for o in range(3):
-                b |= {f"gtok{o}": lin(("t0", 1), ("gi", 1), base=o), f"grow{o}": lin(("row0", 1), ("gi", p.hb),
-                                                                                    base=o * p.hb),
-                      f"qpos{o}": lin((f"gtok{o}", 1), base=S - T), f"irow{o}": lin(("bk", T), (f"gtok{o}", 1))}
-            return addr(**b)
+        def step(j: int) -> None:
+            o, k = divmod(j + 2, n)
+            if o <= ahead:
+                self.gathered(c, sl(j + 2), at(k, n), o)
+            o, k = divmod(j + 1, n)
+            if o <= ahead:
+                c.fragment(self.softmax, sl(j + 1), at(k, n), o, k == 0)
+            c.fragment(self.accumulate, sl(j), j == 0)
+            if j == n - 1:
+                c.fragment(end, sl(j))
 
-        def stretch(count: int, j0: int, n: int, make, var: str) -> tuple[Node, ...]:
-            """Iterations j0 .. j0+count-1 of a uniform run, unrolled by two so slots stay static; make(j, tile)
-            gets the static j (its parity) and tile(d), the Lin of key tile j + d."""
-            out: tuple[Node, ...] = ()
-            if count <= 0:
-                return out
-            if count // 2:
-                out += (Loop(count // 2, make(j0, lambda d: lin((var, 2), K0, base=j0 + d))
-                             + make(j0 + 1, lambda d: lin((var, 2), K0, base=j0 + 1 + d)), var),)
-            if count % 2:
-                j = j0 + count - 1
-                out += make(j, lambda d: at(j + d, n))
-            return out
+        def uniform(j: int, t) -> None:
+            self.gathered(c, sl(j + 2), t(2), 0)
+            c.fragment(self.softmax, sl(j + 1), t(1), 0, False)
+            c.fragment(self.accumulate, sl(j), False)
 
-        def load_q(o: int) -> tuple[Node, ...]:
-            q = Ref("q", (lin((f"grow{o}", 1)), 0), (R, dq), rstop)
-            return (ins("mte2", "load_q", Act("load", Ref("l1.q", (0, 0), (R, dq)), (q,), dt), bytes=nbytes(dt, R, dq),
-                        dtype=dt, src="gm", dst="l1", wait=("q.free",), set=("q.full",)),
-                    ins("mte1", "wait_q", wait=("q.full",)))
+        step(0)
+        self.stretch(c, n - 3, 1, n, uniform, "kp")
+        for j in range(max(1, n - 2), n):
+            step(j)
 
-        def aic_group(n: int, gp: int, ahead: int) -> tuple[Node, ...]:
-            """C2 of the group's tiles with C1 one tile ahead, into the next group when there is one (ahead > 0)."""
-            sl = lambda j: (gp * n + j) % 2  # noqa: E731
-            body = stretch(n - 2, 0, n, lambda j, t: c1(sl(j + 1), t(1)) + c2(sl(j), t(0)), "kp")
-            if n >= 2:
-                body += c1(sl(n - 1), at(n - 1, n))
-            body += (ins("mte1", "release_q", set=("q.free",)),)
-            if n >= 2:
-                body += c2(sl(n - 2), at(n - 2, n))
-            if ahead:
-                body += load_q(1) + c1(sl(n), at(0, n))
-            return body + c2(sl(n - 1), at(n - 1, n))
+    def gathered(self, c: Code, slot: int, kt: Lin, o: int) -> None:
+        """The gather of a key tile, for the kernels whose key set is gathered."""
+        if self.g:
+            c.fragment(self.gather, slot, kt, o)
 
-        def aiv_group(a: int, n: int, gp: int, ahead: int) -> tuple[Node, ...]:
-            """V2 of the group's tiles, V1 one tile and the gathers two tiles ahead (into the next `ahead` groups)."""
-            sl = lambda j: (gp * n + j) % 2  # noqa: E731
-
-            def step(j: int) -> tuple[Node, ...]:
-                out: tuple[Node, ...] = ()
-                o, k = divmod(j + 2, n)
-                if o <= ahead:
-                    out += gat(a, sl(j + 2), at(k, n), o)
-                o, k = divmod(j + 1, n)
-                if o <= ahead:
-                    out += softmax(a, sl(j + 1), at(k, n), o, k == 0)
-                out += accumulate(a, sl(j), j == 0)
-                return out + (end(a, sl(j)) if j == n - 1 else ())
-
-            body = step(0) + stretch(n - 3, 1, n, lambda j, t: gat(a, sl(j + 2), t(2), 0)
-                                     + softmax(a, sl(j + 1), t(1), 0, False) + accumulate(a, sl(j), False), "kp")
-            for j in range(max(1, n - 2), n):
-                body += step(j)
-            return body
-
-        def stream(n: int, prologue: tuple[Node, ...], group) -> tuple[Node, ...]:
-            """The prologue, the groups in a loop (two per iteration when n is odd, so slots repeat), the last two
-            peeled (nothing runs ahead past the block's last group)."""
-            out = (bind(Lin(0)),) + prologue
-            unroll = 1 + n % 2
-            looped = max(0, G - 2) // unroll * unroll
-            if looped:
-                body: tuple[Node, ...] = ()
+    def stream(self, c: Code, n: int, prologue, group) -> None:
+        """The prologue, the groups in a loop (two per iteration when n is odd, so slots repeat), the last two
+        peeled (nothing runs ahead past the block's last group)."""
+        G = self.p.groups
+        self.bind(c, Lin(0))
+        prologue()
+        unroll = 1 + n % 2
+        looped = max(0, G - 2) // unroll * unroll
+        if looped:
+            with c.loop(looped // unroll, "gl"):
                 for e in range(unroll):
-                    body += (bind(lin(("gl", unroll), base=e)),) + group(n, e, 2)
-                out += (Loop(looped // unroll, body, "gl"),)
-            for gi in range(looped, G):
-                out += (bind(Lin(gi)),) + group(n, gi, min(2, G - 1 - gi))
-            return out
+                    self.bind(c, lin(("gl", unroll), base=e))
+                    group(c, n, e, 2)
+        for gi in range(looped, G):
+            self.bind(c, Lin(gi))
+            group(c, n, gi, min(2, G - 1 - gi))
 
-        def aic_block(n: int) -> tuple[Node, ...]:
-            return stream(n, load_q(0) + c1(0, at(0, n)), aic_group)
+    def aic_block(self, c: Code, n: int) -> None:
+        def prologue() -> None:
+            c.fragment(self.load_q, 0)
+            c.fragment(self.c1, 0, at(0, n))
 
-        def aiv_block(a: int, n: int) -> tuple[Node, ...]:
+        self.stream(c, n, prologue, self.aic_group)
+
+    def aiv_block(self, c: Code, n: int) -> None:
+        def prologue() -> None:
+            self.gathered(c, 0, at(0, n), 0)
             o, k = divmod(1, n)
-            second = gat(a, 1, at(k, n), o) if o < G else ()
-            return stream(n, gat(a, 0, at(0, n), 0) + second + softmax(a, 0, at(0, n), 0, True),
-                          lambda n_, gp, ahead: aiv_group(a, n_, gp, ahead))
+            if o < self.p.groups:
+                self.gathered(c, 1, at(k, n), o)
+            c.fragment(self.softmax, 0, at(0, n), 0, True)
 
-        # ---------------------------------------------------------------- bands of blocks with equal tile counts
-        tiles = self.tiles(p)
-        nq = tiles.size
-        edges = np.flatnonzero(np.diff(tiles)) + 1
-        starts = np.concatenate([[0], edges])
-        counts = np.diff(np.concatenate([starts, [nq]]))
-        runs = []  # (tiles per block, blocks, band constants, head) of each run of equal blocks
+        self.stream(c, n, prologue, self.aiv_group)
+
+    # ---------------------------------------------------------------- bands of blocks with equal tile counts
+    def runs(self) -> list[Run]:
+        """Runs of token blocks walking the same number of key tiles, each cut into its key ranges (full ranges,
+        then the shorter last one)."""
+        k, p = self.k, self.p
+        tiles = k.tiles(p)
+        starts = np.concatenate([[0], np.flatnonzero(np.diff(tiles)) + 1])
+        counts = np.diff(np.concatenate([starts, [tiles.size]]))
+        out = []
         for tb0, ntb in zip(starts.tolist(), counts.tolist()):
             n = int(tiles[tb0])
-            tps = cdiv(n, p.splits)  # tiles per key range: full ranges, then the shorter last one
-            for s0, ns, k in ((0, n // tps, tps), (n // tps, 1, n % tps)):
-                if not ns or not k:
+            tps = cdiv(n, p.splits)
+            for s0, ns, kt in ((0, n // tps, tps), (n // tps, 1, n % tps)):
+                if not ns or not kt:
                     continue
-                head = addr(sj=lin(("blk", 1), mod=ns), si=lin(("sj", 1), ("s0", 1)), k0=lin(("si", tps)),
+                head = dict(sj=lin(("blk", 1), mod=ns), si=lin(("sj", 1), ("s0", 1)), k0=lin(("si", tps)),
                             bq=lin(("blk", 1), div=ns), hk=lin(("bq", 1), mod=p.hsplit),
                             tq=lin(("bq", 1), div=p.hsplit, mod=ntb), bk=lin(("bq", 1), div=p.hsplit * ntb),
-                            t0=lin(("first", p.tpb), ("tq", p.tpb)), row0=lin(("bk", T * hg), ("t0", hg), ("hk", p.hb)),
-                            kvrow=lin(("bk", S)))
-                runs.append((k, B * KVH * p.hsplit * ntb * ns, (("first", tb0), ("s0", s0), ("klast", k - 1)), head))
+                            t0=lin(("first", p.tpb), ("tq", p.tpb)),
+                            row0=lin(("bk", k.tokens * self.hg), ("t0", self.hg), ("hk", p.hb)),
+                            kvrow=lin(("bk", k.keys)))
+                out.append(Run(kt, k.batch * k.kvh * p.hsplit * ntb * ns,
+                               (("first", tb0), ("s0", s0), ("klast", kt - 1)), head))
+        return out
 
-        def half(run, offset: int, block) -> tuple[Node, ...]:
-            """Block u + offset of a run inside a unit (u: the unit's index, kept in 'u')."""
-            k, _, constants, head = run
-            return (addr(**dict(constants), blk=lin(("u", 1), base=offset)), head) + block(k)
-
-        def unit(heavy, light, offset: int) -> Band:
-            """Units of two causal-ramp blocks whose tiles add up to a full block's: the heavy one, then the light."""
-            body = lambda block: (addr(u=lin(("blk", 1))),) + half(heavy, 0, block) + half(light, offset, block)  # noqa: E731
-            return Band(light[1] - offset, body(aic_block), tuple(body(lambda k, a=a: aiv_block(a, k)) for a in range(2)))
-
-        # The causal ramp (tokens with fewer keys than a full block's) is dealt as units of two blocks of k and
-        # full - k tiles, as the indexer deals its triangle, so every core gets the same ramp work; dealt band by
-        # band, the cores that drew each band's leftover blocks reach the full band out of phase, in as many folded
-        # groups as there are leftover patterns, and their transient settles only after tens of blocks.
-        full, ks = runs[-1][0], [run[0] for run in runs]
-        ramp = {run[0]: run for run in runs[:-1]} if p.splits == 1 and full == max(ks) and len(set(ks)) == len(ks) \
-            else {}
+    def bands(self) -> list[Band]:
+        """A band per run, but the causal ramp (tokens with fewer keys than a full block's) dealt as units of two
+        blocks of k and full - k tiles, as the indexer deals its triangle, so every core gets the same ramp work;
+        dealt band by band, the cores that drew each band's leftover blocks reach the full band out of phase, in as
+        many folded groups as there are leftover patterns, and their transient settles only after tens of blocks."""
+        runs = self.runs()
+        full, ks = runs[-1].tiles, [r.tiles for r in runs]
+        pairable = self.p.splits == 1 and full == max(ks) and len(set(ks)) == len(ks)
+        ramp = {r.tiles: r for r in runs[:-1]} if pairable else {}
         bands, paired = [], set()
         for k in sorted(ramp, reverse=True):
             light = ramp.get(full - k)
-            if k in paired or light is None or light[1] != ramp[k][1] or (light is ramp[k] and light[1] % 2):
+            if k in paired or light is None or light.blocks != ramp[k].blocks or (light is ramp[k] and
+                                                                                  light.blocks % 2):
                 continue
-            bands.append(unit(ramp[k], light, light[1] // 2 if light is ramp[k] else 0))
+            bands.append(self.unit(ramp[k], light, light.blocks // 2 if light is ramp[k] else 0))
             paired |= {k, full - k}
-        for k, blocks, constants, head in runs:
-            if k not in paired:
-                bands.append(Band(blocks, (head,) + aic_block(k), tuple((head,) + aiv_block(a, k) for a in range(2)),
-                                  constants))
-        ranges = cdiv(int(tiles[0]), cdiv(int(tiles[0]), p.splits)) if p.splits > 1 else 1
-        ub_combine = cr = 0
-        if ranges > 1:
-            cr = next((r for r in (32, 16, 8, 4, 2) if (hg % r == 0 or not self.with_sink) and cdiv(Rtot, 2 * r) >= chip.aic.count
-                       and 4.0 * r * (2 * ranges + 3 * dv) <= chip.aiv.buffers.ub), 1)
-            ub_combine = 4.0 * cr * (2 * ranges + 3 * dv)
-            bands.append(Band(cdiv(Rtot, 2 * cr), None, tuple(combine(a, ranges, cr) for a in range(2)),
-                              lead=tuple(barrier(a) for a in range(2))))
-        nab = min(2, nch)
-        flags = {"q.free": 1, "q.full": 0, "k.free": 3, "k.full": 0, "pl1.free": 1, "pl1.full": 0, "l0.free": 2,
-                 "l0.full": 0, "l0c.free": 2, "l0c.full": 0}
-        for a in range(2):
-            flags |= {f"{f}{a}": v for f, v in (("kv.free", 2), ("kv.full", 0), ("s.free", 2), ("s.full", 0),
-                                                  ("p.free", 2), ("p.full", 0), ("o.free", 2), ("o.full", 0),
-                                                  ("ub.free", 2), ("ub.full", 0), ("sb.free", 2), ("sb.full", 0),
-                                                  ("pb.free", 2), ("pb.full", 0), ("ab.free", nab), ("ab.full", 0),
-                                                  ("ab.done", 0), ("cl.free", 1), ("cl.full", 0),
-                                                  ("cb.free", 2), ("cb.full", 0), ("co.free", 1), ("co.full", 0),
-                                                  ("sync", 0))}
-        w = self.work()
-        buffers = self.buffers(p)
-        buffers["ub"] = max(buffers["ub"], ub_combine)
-        return Trace(self.name, chip.name, self.shape, distribute(bands, chip.aic.count, flags), w.cube_flops,
-                     w.hbm_bytes, buffers,
-                     {"block": (p.tpb * p.hb, bn), "row_group": R, "key_set": "gathered" if g else "contiguous",
-                      "l0_c1": ((c, p.bk), (p.bk, KC)), "l0_c2": ((c, KC), (KC, p.vc)), "kv_ring": 3,
-                      "aiv_rows": p.vr, "bands": len(bands), "kv_splits": ranges, "combine_rows": cr,
-                      "scale": round(scale, 6)}, dtype=dt)
+        for r in runs:
+            if r.tiles not in paired:
+                bands.append(Band(r.blocks, self.block(AIC, 0, ((r, None),)),
+                                  tuple(self.block(AIV, a, ((r, None),)) for a in range(AIVS)), r.constants))
+        return bands
+
+    def unit(self, heavy: Run, light: Run, offset: int) -> Band:
+        """Units of two causal-ramp blocks whose tiles add up to a full block's: the heavy one, then the light
+        (block u + offset of its run)."""
+        halves = ((heavy, 0), (light, offset))
+        return Band(light.blocks - offset, self.block(AIC, 0, halves),
+                    tuple(self.block(AIV, a, halves) for a in range(AIVS)))
+
+    def block(self, core: str, a: int, blocks: tuple[tuple[Run, int | None], ...]) -> tuple[Node, ...]:
+        """One core's body over `blocks` (a run and, inside a unit, the block's offset from the unit's index)."""
+        c = self.prog.code(core, a)
+        if blocks[0][1] is not None:
+            c.addr(u=lin(("blk", 1)))
+        for run, offset in blocks:
+            if offset is not None:
+                c.addr(**dict(run.constants), blk=lin(("u", 1), base=offset))
+            c.addr(**run.head)
+            (self.aic_block if core == AIC else self.aiv_block)(c, run.tiles)
+        return c.body()
 
 
 @register

@@ -24,8 +24,9 @@ and `EnQue`s it (raises "full"); the consumer `DeQue`s it (waits until one is fu
 * `Code` writes one core's program in order, as an Ascend C stage reads: `alloc(q)` and `deque(q)` become waits of
   the next instruction, `enque(q)` and `free(q)` sets of the last one, so "raise L1 full only on the last load of a
   tile" or "free it only on the last L0 copy" is written where it happens; `loop`, `pingpong` (a double-buffered
-  loop unrolled by two so each copy names its static slot) and `extend` (a fragment built once by a `fork`) shape
-  the body. `sync_all` is the all-core barrier (AscendC SyncAll).
+  loop unrolled by two so each copy names its static slot), `extend` (a fragment built once by a `fork`) and
+  `fragment` (a stage's fragment built once per program and arguments, then spliced) shape the body. `sync_all`
+  is the all-core barrier (AscendC SyncAll).
 
 Flags are named after their queue and lane ("l1.free", "s.full0") and scoped to a group as before; their names carry
 no meaning (a trace's canonical form renames them). Buffering: the plan's `buffering` depth is the depth of every
@@ -74,7 +75,7 @@ from typing import Any, Callable, Iterator
 from npusim.errors import NpusimError
 from npusim.kernels.base import Band, addr, capacity, distribute
 from npusim.kernels.tile import Lin, lin
-from npusim.kernels.trace import CORE_PIPES, Group, Instr, Loop, Node, walk
+from npusim.kernels.trace import CORE_PIPES, Group, Instr, Loop, Node
 from npusim.spec.chip import Chip
 
 AIC, AIV = "aic", "aiv"
@@ -134,6 +135,9 @@ class TileProgram:
         self.reserved: dict[str, float] = {}
         self.flag_of: dict[str, tuple[Queue, int, str]] = {}  # flag -> (queue, stage, lane)
         self.users: dict[str, set[str]] = {}  # queue -> stages that used it (for messages)
+        self.fragments: dict[tuple, tuple[tuple[Node, ...], Tally]] = {}  # Code.fragment's built fragments
+        self.written: dict[int, tuple[tuple[Node, ...], Tally]] = {}  # id of a Code.body() -> (body, its tally)
+        self._sides: dict[tuple[str, str, bool], tuple[Any, int]] = {}  # side()'s answers
 
     def error(self, what: str, q: Queue | None = None, where: str | set[str] = "",
               field: str = "tiling") -> NpusimError:
@@ -197,16 +201,18 @@ class TileProgram:
         """The bands spread over `cores` (base.distribute) once the queues fit and every one is filled and
         drained."""
         self.check_fits()
-        bodies = [b.aic or () for b in bands] + [body for b in bands for body in b.aiv + b.lead]
-        waits, sets = Counter(), Counter()
-        for body in bodies:
-            for ins, _ in walk(body):
-                waits.update(ins.wait)
-                sets.update(ins.set)
+        bodies = [(b.aic or (), AIC) for b in bands] + [(body, AIV) for b in bands for body in b.aiv + b.lead]
+        waits: set[str] = set()
+        sets: set[str] = set()
+        for body, core in bodies:
+            known = self.written.get(id(body))
+            waited, raised = (known[1] if known and known[0] is body else Tally.of(body, self, core)).flags()
+            waits |= waited
+            sets |= raised
         for flag, (q, k, _) in self.flag_of.items():
-            if k and waits[flag] and not sets[flag]:
+            if k and flag in waits and flag not in sets:
                 raise self.error(f"is drained by stage {q.stages[k][1]} but nothing fills it", q, self.users[q.name])
-            if k and sets[flag] and not waits[flag]:
+            if k and flag in sets and flag not in waits:
                 raise self.error(f"is filled but no {q.stages[k][1]} stage drains it", q, self.users[q.name])
         return distribute(bands, cores, self.flags())
 
@@ -223,8 +229,32 @@ class TileProgram:
                                  f"{self.chip.name} has {cap[level] / 1024:g} KiB ({(total - cap[level]) / 1024:g} "
                                  "KiB too many)", None, users, field=f"tiling.{level}")
 
-    def check_balance(self, body: tuple[Node, ...], code: "Code", where: str) -> None:
-        """One pass of `body` on `code`'s core leaves every queue as it found it (see the module docstring)."""
+    def side(self, flag: str, core: str, waiting: bool) -> tuple[Any, int]:
+        """What awaiting (or raising) `flag` on `core` does to the count `check_balance` checks: the flag itself on
+        a queue within one core; on a cross-core queue, its lane on this side (buffers taken or drained: +1,
+        filled or freed: -1); an unknown flag marks the body for the full check, which names it."""
+        memo = self._sides.get((flag, core, waiting))
+        if memo is not None:
+            return memo
+        if flag not in self.flag_of:
+            out: tuple[Any, int] = (("?", flag), 1)
+        else:
+            q, k, lane = self.flag_of[flag]
+            last = len(q.stages) - 1
+            if not q.cross:
+                out = (flag, -1 if waiting else 1)
+            elif core == q.stages[0][0]:
+                out = ((q.name, lane), 1 if waiting and k == 0 else -1 if not waiting and k == last else 0)
+            else:
+                out = ((q.name, lane), 1 if waiting and k == last else -1 if not waiting and k == 0 else 0)
+        self._sides[(flag, core, waiting)] = out
+        return out
+
+    def check_balance(self, body: tuple[Node, ...], code: "Code", where: str, tally: "Tally | None" = None) -> None:
+        """One pass of `body` on `code`'s core leaves every queue as it found it (see the module docstring); a body
+        whose `tally` nets to zero everywhere passes without a recount."""
+        if tally is not None and not any(tally.net.values()):
+            return
         waits, sets = Counter(), Counter()
         for n in body:
             if isinstance(n, Instr):
@@ -247,6 +277,64 @@ class TileProgram:
                                  code.stage_name or self.users[q.name])
 
 
+class Tally:
+    """What balance is checked on, counted as a body is written (so a fragment spliced at many places is counted
+    once): per check of `TileProgram.check_balance` (a flag of a queue on one core, a lane of a cross-core queue on
+    this side) the buffers handed on minus those taken back (`net`: all zero when the body balances), and every flag
+    awaited and raised in the body, its loops' included (`waited`, `raised`: what `TileProgram.groups` checks)."""
+
+    __slots__ = ("net", "waited", "raised", "parts")
+
+    def __init__(self) -> None:
+        self.net: dict[Any, int] = {}
+        self.waited: set[str] = set()
+        self.raised: set[str] = set()
+        self.parts: list[Tally] = []  # spliced fragments and loop bodies, whose flags join waited / raised
+
+    def instr(self, prog: TileProgram, core: str, wait: tuple[str, ...], set_: tuple[str, ...]) -> None:
+        net = self.net
+        for flags, waiting in ((wait, True), (set_, False)):
+            for f in flags:
+                key, sign = prog.side(f, core, waiting)
+                if sign:
+                    net[key] = net.get(key, 0) + sign
+        self.waited.update(wait)
+        self.raised.update(set_)
+
+    def add(self, other: "Tally") -> None:
+        """Another body's instructions spliced into this one."""
+        net = self.net
+        for key, n in other.net.items():
+            net[key] = net.get(key, 0) + n
+        self.nest(other)
+
+    def nest(self, other: "Tally") -> None:
+        """A loop's body inside this one."""
+        self.parts.append(other)
+
+    def flags(self) -> tuple[set[str], set[str]]:
+        """Every flag awaited and every flag raised in the body, its parts' included (each distinct part once)."""
+        waited, raised, seen, todo = set(self.waited), set(self.raised), {id(self)}, list(self.parts)
+        while todo:
+            t = todo.pop()
+            if id(t) not in seen:
+                seen.add(id(t))
+                waited |= t.waited
+                raised |= t.raised
+                todo += t.parts
+        return waited, raised
+
+    @classmethod
+    def of(cls, body: tuple[Node, ...], prog: TileProgram, core: str) -> "Tally":
+        t = cls()
+        for n in body:
+            if type(n) is Loop:
+                t.nest(cls.of(n.body, prog, core))
+            else:
+                t.instr(prog, core, n.wait, n.set)
+        return t
+
+
 class Code:
     """One core's program being written (see the module docstring): waits collect for the next instruction, sets
     go on the last one."""
@@ -255,6 +343,7 @@ class Code:
         self.prog, self.core, self.aiv = prog, core, aiv
         self.stages: list[str] = []
         self._bodies: list[list[Node]] = [[]]
+        self._tallies: list[Tally] = [Tally()]
         self._waits: list[tuple[str, str, Queue]] = []  # (flag, pipe that must wait on it or "", queue)
 
     @property
@@ -325,6 +414,7 @@ class Code:
     def _raise(self, flags: tuple[str, ...]) -> None:
         body = self._bodies[-1]
         body[-1] = dataclasses.replace(body[-1], set=body[-1].set + flags)
+        self._tallies[-1].instr(self.prog, self.core, (), flags)
 
     # ------------------------------------------------------------------------------------------------ instructions
     def op(self, pipe: str, name: str, action: Any = None, **cost: Any) -> None:
@@ -336,7 +426,9 @@ class Code:
         for flag, need, q in self._waits:
             if need and need != pipe:
                 raise self._error(f"is dequeued by {self.core}.{pipe} ({name}); its consumer stage is {need}", q)
-        self._bodies[-1].append(Instr(pipe, name, action=action, wait=tuple(f for f, _, _ in self._waits), **cost))
+        wait = tuple(f for f, _, _ in self._waits)
+        self._bodies[-1].append(Instr(pipe, name, action=action, wait=wait, **cost))
+        self._tallies[-1].instr(self.prog, self.core, wait, ())
         self._waits = []
 
     def addr(self, **bindings: Any) -> None:
@@ -344,16 +436,30 @@ class Code:
         self._quiet("address arithmetic")
         self._bodies[-1].append(addr(**bindings))
 
-    def extend(self, nodes: tuple[Node, ...]) -> None:
-        """A prebuilt fragment (from `fork().nodes()`), spliced as it is."""
+    def extend(self, nodes: tuple[Node, ...], tally: Tally | None = None) -> None:
+        """A prebuilt fragment (from `fork().nodes()`, its `tally` if known), spliced as it is."""
         self._quiet("a spliced fragment")
         self._bodies[-1].extend(nodes)
+        self._tallies[-1].add(tally or Tally.of(nodes, self.prog, self.core))
 
     def fork(self) -> "Code":
         """An empty body on the same core, for a fragment built once and spliced many times."""
         sub = Code(self.prog, self.core, self.aiv)
         sub.stages = list(self.stages)
         return sub
+
+    def fragment(self, write: Callable[..., None], *args: Any) -> None:
+        """Splice the fragment that `write(code, *args)` (a stage) writes on this core, built once per program for
+        each (write, core, AIV, args): a loop-compressed trace repeats a few fragments at many places."""
+        key = (write, self.core, self.aiv, args)
+        built = self.prog.fragments.get(key)
+        if built is None:
+            sub = self.fork()
+            write(sub, *args)
+            tally = sub._tallies[0]
+            tally.net = {k: n for k, n in tally.net.items() if n}
+            built = self.prog.fragments[key] = (sub.nodes(), tally)
+        self.extend(*built)
 
     def nodes(self) -> tuple[Node, ...]:
         """The fragment written so far (no balance check: a fragment may hand a buffer to the next one)."""
@@ -365,11 +471,13 @@ class Code:
         """`count` passes of the body written inside the `with`; each pass must balance."""
         self._quiet(f"loop '{var}'")
         self._bodies.append([])
+        self._tallies.append(Tally())
         yield
         self._quiet(f"the end of loop '{var}'")
-        body = tuple(self._bodies.pop())
-        self.prog.check_balance(body, self, f"loop '{var}'")
+        body, tally = tuple(self._bodies.pop()), self._tallies.pop()
+        self.prog.check_balance(body, self, f"loop '{var}'", tally)
         self._bodies[-1].append(Loop(count, body, var))
+        self._tallies[-1].nest(tally)
 
     def pingpong(self, count: int, var: str, make: Callable[[int, Lin], None]) -> None:
         """`count` iterations of a double-buffered body, unrolled by two so each copy names its static buffer slot:
@@ -396,7 +504,8 @@ class Code:
     def body(self) -> tuple[Node, ...]:
         """The finished body of a block (run once per block, so it must balance like a loop body)."""
         nodes = self.nodes()
-        self.prog.check_balance(nodes, self, "a block")
+        self.prog.check_balance(nodes, self, "a block", self._tallies[0])
+        self.prog.written[id(nodes)] = (nodes, self._tallies[0])
         return nodes
 
     def _quiet(self, where: str) -> None:
