@@ -58,7 +58,7 @@ def weight_bytes(model: ModelConfig, plan: Plan, phase: str, quant: QuantScheme)
     local_experts = math.ceil((model.n_routed_experts + plan.eplb.redundant_experts) / inst.moe.ep)
     o_proj = _o_proj_params(model)
     share = {
-        "attention": None,  # split below: o_proj by o_proj_tp, the rest by attention TP
+        "attention": None,  # split below: o_proj over its group, the rest by attention TP
         "indexer": 1.0 / inst.attention.tp,
         "routed_experts": local_experts / model.n_routed_experts / inst.moe.tp,
         "shared_experts": 1.0 / inst.moe.tp,
@@ -71,7 +71,7 @@ def weight_bytes(model: ModelConfig, plan: Plan, phase: str, quant: QuantScheme)
     for cls, n in pc.by_class.items():
         per = BF16.bytes_per_element() if cls == accounting.UNQUANTISED else quant.weights(cls).bytes_per_element()
         if cls == "attention":
-            total += per * (o_proj / inst.o_proj_tp + (n - o_proj) / inst.attention.tp)
+            total += per * (o_proj / inst.o_proj_group + (n - o_proj) / inst.attention.tp)
         else:
             total += per * n * share[cls]
     if plan.mtp.depth and pc.mtp:

@@ -2,12 +2,20 @@
 
 The graph builder gives the ops of a step for a batch. A rank under the plan sees:
 - attention side: its DP share of the sequences; under context parallelism 1/cp of the tokens (the zig-zag split
-  balances the causal work, so every token-proportional quantity divides by cp); heads split by attention TP;
-- o_proj, dense FFN, LM head and embedding: tokens gathered from their TP group, weights split across it;
-- routed experts: the rank's experts ((routed + redundant) / ep) fed with its tokens' top-k rows times the routing
-  imbalance (busiest rank / mean), weights read once per touched expert;
+  balances the causal work, so every token-proportional quantity divides by cp); heads split by attention TP. The
+  latent path that has no head dimension (q_a / kv_a projections, their norms, the cache write) is replicated:
+  every die of an attention-TP group runs it on the group's tokens (SGLang and vLLM build it as a replicated linear);
+- after attention the group's tokens are split over its dies (SGLang DP attention with an all-to-all MoE backend,
+  LayerCommunicator's SCATTERED mode; vLLM's sequence-parallel MoE): the row-parallel o_proj's partial sums are
+  reduce-scattered (or all-reduced and chunked, `attention.tp_reduce`) and the next layer's attention all-gathers
+  the group's tokens again after its input norm. Everything between sees the die's share, 1/tp of the group's tokens;
+- o_proj, dense FFN, LM head: the die's share gathered from their TP group, weights split across it; o_proj is split
+  over at least the attention-TP group, whose heads it reduces;
+- routed experts: the rank's experts ((routed + redundant) / ep) fed with its share's top-k rows (gathered over the
+  MoE-TP group) times the routing imbalance (busiest rank / mean), weights read once per touched expert;
 - kv_b_proj of an MHA-mode prefill: every key the rank attends to, under CP the whole gathered sequence.
 Collectives are placed between the op that produces their input and the op that consumes their output.
+Limit: the indexer of V3.2 is taken as head-split under attention TP (its key path is not separated out).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ EMBED = ("embedding",)
 TOKEN_KEYS = ("m", "tokens", "rows", "pairs")
 SIDE_STREAM_OPS = ("shared_gate_up", "shared_swiglu", "shared_down")
 ALL_KEYS = ("kv_b_proj",)  # up-projects every key the rank attends to: under CP the whole gathered sequence
+REPLICATED = ("q_a_proj", "q_norm", "kv_a_proj", "kv_proj", "kv_norm", "kv_cache_update")  # no head dimension
 
 
 @dataclass(frozen=True)
@@ -105,28 +114,32 @@ def _routed(op: Op, tokens: float, inst: Instance, model: ModelConfig, plan: Pla
 
 
 def shard_op(op: Op, inst: Instance, model: ModelConfig, plan: Plan, token_scale: float) -> Op:
-    """One op as the rank runs it; `token_scale` is the rank's share of the graph's tokens on the attention side."""
+    """One op as the rank runs it; `token_scale` is the rank's share of the graph's tokens on the attention side
+    (the whole attention-TP group's), `die` the share each die keeps once attention has split them."""
     a = inst.attention
+    die = token_scale / a.tp
     if op.name in ROUTED:
-        return _routed(op, token_scale, inst, model, plan)
+        return _routed(op, die * inst.moe.tp, inst, model, plan)
     if op.name in DENSE_FFN:
         d = inst.dense_tp
         split_k = op.name == "down_proj"
-        return scale_op(op, tokens=token_scale * d, n_div=1 if split_k else d, k_div=d if split_k else 1)
+        return scale_op(op, tokens=die * d, n_div=1 if split_k else d, k_div=d if split_k else 1)
     if op.name in O_PROJ:
-        o = inst.o_proj_tp
-        return scale_op(op, tokens=token_scale * o, k_div=o)
+        o = inst.o_proj_group
+        return scale_op(op, tokens=die * o, k_div=o)
     if op.name in HEAD:
         t = inst.lm_head_tp
-        return scale_op(op, tokens=token_scale * t, n_div=t)
+        return scale_op(op, tokens=die * t, n_div=t)
     if op.name in EMBED:
         return scale_op(op, tokens=token_scale, weights=1.0 / inst.embed_tp)
     if op.name in SIDE_STREAM_OPS or op.name in ("moe_gate", "moe_combine"):
-        return scale_op(op, tokens=token_scale, weights=1.0)
+        return scale_op(op, tokens=die, weights=1.0)
     if op.name in ALL_KEYS:
         return scale_op(op, tokens=1.0 / a.tp, weights=1.0 / a.tp)
+    if op.name in REPLICATED:
+        return scale_op(op, tokens=token_scale, weights=1.0)
     # attention side: tokens by DP/CP share, heads split by attention TP (head-parallel approximation)
-    return scale_op(op, tokens=token_scale / a.tp, weights=1.0 / a.tp)
+    return scale_op(op, tokens=die, weights=1.0 / a.tp)
 
 
 def _act_bytes(quant: QuantScheme) -> float:
@@ -158,27 +171,31 @@ def _comms(name: str, ops: tuple[Op, ...], inst: Instance, model: ModelConfig, q
             rest = Collective("p2p", kv_bytes * (a.cp - 2) / a.cp, 2)
             if a.cp > 2:
                 out.append(Comm("cp_kv_ring_rest", rest, consumer, "attention" if consumer != "attention" else ""))
+    die = tokens / a.tp  # each die's share once attention has split the group's tokens
+    if "q_a_proj" in names and a.tp > 1:  # the split tokens of the last layer gathered again for attention
+        prev = names[names.index("q_a_proj") - 1]
+        add("attn_tp_all_gather", "all_gather", tokens * h * 2, a.tp, prev, "q_a_proj")
     o_op = next((n for n in O_PROJ if n in names), None)
-    if o_op and inst.o_proj_tp > 1:
-        o = inst.o_proj_tp
+    o = inst.o_proj_group
+    if o_op and o > 1:
         prev = names[names.index(o_op) - 1]
         nxt = names[names.index(o_op) + 1] if names.index(o_op) + 1 < len(names) else ""
-        add("o_proj_all_to_all", "all_to_all", tokens * model.num_attention_heads *
-            (model.v_head_dim or model.head_dim) * 2 / a.tp, o, prev, o_op)
-        add("o_proj_reduce_scatter", "reduce_scatter", tokens * o * h * 2, o, o_op, nxt)
-    elif o_op and a.tp > 1:
-        nxt = names[names.index(o_op) + 1] if names.index(o_op) + 1 < len(names) else ""
-        add("attn_all_reduce", "all_reduce", tokens * h * 2, a.tp, o_op, nxt)
+        if o > a.tp:  # heads of other attention-TP groups' tokens brought in
+            add("o_proj_all_to_all", "all_to_all", tokens * model.num_attention_heads *
+                (model.v_head_dim or model.head_dim) * 2 / a.tp, o, prev, o_op)
+        kind = "all_reduce" if a.tp > 1 and a.tp_reduce == "all_reduce" and o == a.tp else "reduce_scatter"
+        add("o_proj_reduce_scatter" if kind == "reduce_scatter" else "o_proj_all_reduce", kind, die * o * h * 2, o,
+            o_op, nxt)
     if "experts_gate_up" in names and inst.moe.ep * inst.moe.tp > 1:
-        k = model.num_experts_per_tok
-        add("moe_dispatch", "all_to_all", tokens * k * h * _act_bytes(quant), inst.moe.ep * inst.moe.tp, "moe_gate",
+        k, sent = model.num_experts_per_tok, die * inst.moe.tp  # every die of an expert's MoE-TP group gets its rows
+        add("moe_dispatch", "all_to_all", sent * k * h * _act_bytes(quant), inst.moe.ep * inst.moe.tp, "moe_gate",
             "experts_gate_up")
-        add("moe_combine_all_to_all", "all_to_all", tokens * k * h * 2, inst.moe.ep * inst.moe.tp, "experts_down",
+        add("moe_combine_all_to_all", "all_to_all", sent * k * h * 2, inst.moe.ep * inst.moe.tp, "experts_down",
             "moe_combine")
     if "gate_up_proj" in names and inst.dense_tp > 1:
         d = inst.dense_tp
-        add("dense_all_gather", "all_gather", tokens * d * h * 2, d, "ffn_norm", "gate_up_proj")
-        add("dense_reduce_scatter", "reduce_scatter", tokens * d * h * 2, d, "down_proj", "")
+        add("dense_all_gather", "all_gather", die * d * h * 2, d, "ffn_norm", "gate_up_proj")
+        add("dense_reduce_scatter", "reduce_scatter", die * d * h * 2, d, "down_proj", "")
     if "lm_head" in names and inst.lm_head_tp > 1:
         t = inst.lm_head_tp
         m = next(o for o in ops if o.name == "lm_head").shape["m"]  # tokens gathered over the TP group

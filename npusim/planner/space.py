@@ -110,7 +110,7 @@ class SearchSpace:
                     for d_tp in self.dense_tp:
                         for two_mb in self.two_microbatch:
                             for depth in (self.mtp_depths if role == "decode" else (0,)):
-                                if ranks % (tp * moe_tp) or ranks % o_tp or ranks % d_tp:
+                                if ranks % (tp * moe_tp) or ranks % o_tp or ranks % d_tp or (o_tp > 1 and o_tp % tp):
                                     continue
                                 cp = ranks // tp if role == "prefill" else 1
                                 out.append(Layout(ranks, tp, cp, moe_tp, o_tp, d_tp, two_mb, depth))

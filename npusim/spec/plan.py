@@ -14,6 +14,7 @@ from npusim.spec.catalog import Catalog, Provenance
 from npusim.spec.schema import count, flag, internal, quantity, text
 
 CP_MODES = ("allgather", "ring")
+TP_REDUCE = ("reduce_scatter", "all_reduce")
 PREFILL_KERNELS = ("sparse", "dense", "auto")
 
 
@@ -24,6 +25,11 @@ class Attention:
     cp: int = count(default=1, doc="context parallel: the sequence split zig-zag into 2*cp chunks")
     sp: int = count(default=1, doc="sequence parallel for norms and the residual")
     cp_mode: str = text(default="allgather", choices=CP_MODES, doc="KV all-gather, or ring P2P overlapped with compute")
+    tp_reduce: str = text(default="reduce_scatter", choices=TP_REDUCE,
+                          doc="how the row-parallel o_proj's partial sums leave the attention-TP group before the "
+                              "group's tokens are split over its dies: reduce_scatter (SGLang DP attention, each die "
+                              "keeps its share) or all_reduce (vLLM sequence-parallel MoE, each die takes its chunk "
+                              "of the sum); either way the next attention all-gathers the group's tokens")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +57,11 @@ class Instance:
     def stage_ranks(self) -> int:
         return self.ranks // self.pp
 
+    @property
+    def o_proj_group(self) -> int:
+        """Ranks one o_proj is split over: its own TP, or at least the attention-TP group whose heads it reduces."""
+        return max(self.o_proj_tp, self.attention.tp)
+
     def check(self, role: str) -> list[tuple[str, str]]:
         p = []
         if self.ranks % self.pp:
@@ -67,6 +78,9 @@ class Instance:
             v = getattr(self, name)
             if n % v:
                 p.append((f"{role}.{name}", f"{v} does not divide the ranks of a stage ({n})"))
+        if a.tp > 1 and self.o_proj_tp > 1 and self.o_proj_tp % a.tp:
+            p.append((f"{role}.o_proj_tp", f"{self.o_proj_tp} must be 1 or a multiple of attention.tp ({a.tp}): the "
+                                           "o_proj group holds whole attention-TP groups"))
         if a.sp > 1 and n % a.sp:
             p.append((f"{role}.attention.sp", f"{a.sp} does not divide the ranks of a stage ({n})"))
         return p

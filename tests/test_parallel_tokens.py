@@ -1,0 +1,87 @@
+"""Where a DP-attention group's tokens go: attention on the whole group's tokens, the MoE path on each die's share.
+
+These tests only shard (no kernel is simulated), so they are fast enough to sweep with hypothesis.
+"""
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from npusim.errors import NpusimError
+from npusim.parallel.shard import shard
+from npusim.spec.model import load_model
+from npusim.spec.plan import load_plan
+from npusim.spec.quant import get_quant
+
+R1 = load_model("deepseek-v3.1")
+W8A8 = get_quant("w8a8")
+
+
+def _prefill_plan(ranks: int, dp: int, tp: int, **extra: str):
+    """SGLang `--tp ranks --dp dp --enable-dp-attention` with the DeepEP all-to-all MoE over every rank."""
+    over = {"prefill.ranks": str(ranks), "prefill.attention.dp": str(dp), "prefill.attention.tp": str(tp),
+            "prefill.moe.ep": str(ranks), "prefill.microbatches": "1", "streams.two_microbatch": "false", **extra}
+    return load_plan("r1-a3-prefill-a15", over)
+
+
+def _moe_layer(plan, batch: int, length: int):
+    step = shard(R1, plan, "prefill", batch=batch, length=length, quant=W8A8)
+    return next(layer for layer in step.layers if layer.name == "mla-moe")
+
+
+def _op(layer, name):
+    return next(o for o in layer.ops if o.name == name)
+
+
+def _comm(layer, name):
+    return next(c.collective for c in layer.comms if c.name == name)
+
+
+def test_expert_rows_are_the_dies_share():
+    """SGLang `--tp 16 --dp 2 --enable-dp-attention`: each group of 8 dies gets 4 x 3,500-token prompts; after
+    attention its 14,000 tokens (112,000 top-8 rows) are split over the 8 dies, 14,000 rows each."""
+    layer = _moe_layer(_prefill_plan(16, 2, 8), batch=8, length=3500)
+    assert _op(layer, "experts_gate_up").shape["rows"] == 14000
+    assert _op(layer, "moe_gate").shape["m"] == 1750
+    assert _op(layer, "shared_gate_up").shape["m"] == 1750
+    dispatch = _comm(layer, "moe_dispatch")
+    assert dispatch.bytes == pytest.approx(1750 * 8 * 7168 * W8A8.activation.bytes_per_element())  # its INT8 rows
+    # attention runs on the whole group: the latent down-projections are replicated, o_proj is row-parallel
+    assert _op(layer, "q_a_proj").shape["m"] == 14000
+    o_proj = _op(layer, "o_proj")
+    assert (o_proj.shape["m"], o_proj.shape["k"]) == (14000, 128 * 128 // 8)
+    assert _comm(layer, "o_proj_reduce_scatter").bytes == pytest.approx(14000 * 7168 * 2)
+    assert _comm(layer, "attn_tp_all_gather").bytes == pytest.approx(14000 * 7168 * 2)
+
+
+def test_vllm_sequence_parallel_moe_all_reduces_then_chunks():
+    layer = _moe_layer(_prefill_plan(16, 2, 8, **{"prefill.attention.tp_reduce": "all_reduce"}), batch=8, length=3500)
+    assert "o_proj_reduce_scatter" not in [c.name for c in layer.comms]
+    assert _comm(layer, "o_proj_all_reduce").kind == "all_reduce"
+    assert _op(layer, "experts_gate_up").shape["rows"] == 14000
+
+
+def _expert_rows(dp: int, tp: int, batch: int, length: int) -> int:
+    return _op(_moe_layer(_prefill_plan(dp * tp, dp, tp), batch, length), "experts_gate_up").shape["rows"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(dp=st.sampled_from([1, 2, 4]), tp=st.sampled_from([1, 2, 4, 8]), per_group=st.integers(1, 4),
+       length=st.integers(64, 4096))
+def test_attention_tp_never_multiplies_expert_work(dp, tp, per_group, length):
+    """Over the whole instance the experts compute every token's top-k rows once, whatever the attention TP; so
+    doubling attention TP inside a fixed DP group (twice the dies) never grows a die's expert rows, and at a fixed
+    instance size (half the DP groups, each twice as wide) leaves them as they were."""
+    batch, k = dp * per_group, R1.num_experts_per_tok
+    rows = _expert_rows(dp, tp, batch, length)
+    assert rows == math.ceil(per_group * length * k / tp)  # the instance's rows, dealt out once over dp x tp dies
+    assert _expert_rows(dp, 2 * tp, batch, length) <= rows
+    if dp > 1:
+        assert _expert_rows(dp // 2, 2 * tp, batch, length) == rows
+
+
+def test_o_proj_group_must_hold_whole_attention_tp_groups():
+    with pytest.raises(NpusimError, match="multiple of attention.tp"):
+        _prefill_plan(16, 2, 8, **{"prefill.o_proj_tp": "4"})
