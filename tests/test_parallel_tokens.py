@@ -85,3 +85,16 @@ def test_attention_tp_never_multiplies_expert_work(dp, tp, per_group, length):
 def test_o_proj_group_must_hold_whole_attention_tp_groups():
     with pytest.raises(NpusimError, match="multiple of attention.tp"):
         _prefill_plan(16, 2, 8, **{"prefill.o_proj_tp": "4"})
+
+
+def test_dsa_indexer_is_replicated_over_attention_tp():
+    """SGLang's and vLLM's DSA Indexer has no tensor parallelism: every die of a TP4 group scores the group's
+    queries, while the MLA heads (and their absorbed attention) are split four ways."""
+    plan = load_plan("v32-a3-sglang-pd-tp4")
+    step = shard(load_model("deepseek-v3.2-exp"), plan, "decode", batch=16, length=65536, quant=get_quant("w8a8"))
+    layer = next(lay for lay in step.layers if lay.name == "dsa-moe")
+    group = 2 * (1 + plan.mtp.depth)  # 2 sequences per DP group, 1 + 3 MTP tokens each
+    assert _op(layer, "lightning_indexer").shape["tokens"] == group
+    assert _op(layer, "idx_q_b_proj").shape["m"] == group
+    assert _op(layer, "attention").shape["tokens"] == group // 4
+    assert _op(layer, "experts_gate_up").shape["rows"] == group // 4 * 8

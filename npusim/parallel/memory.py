@@ -59,7 +59,7 @@ def weight_bytes(model: ModelConfig, plan: Plan, phase: str, quant: QuantScheme)
     o_proj = _o_proj_params(model)
     share = {
         "attention": None,  # split below: o_proj over its group, the rest by attention TP
-        "indexer": 1.0 / inst.attention.tp,
+        "indexer": 1.0,  # replicated over attention TP (SGLang / vLLM Indexer)
         "routed_experts": local_experts / model.n_routed_experts / inst.moe.tp,
         "shared_experts": 1.0 / inst.moe.tp,
         "dense_ffn": 1.0 / inst.dense_tp,

@@ -3,8 +3,9 @@
 The graph builder gives the ops of a step for a batch. A rank under the plan sees:
 - attention side: its DP share of the sequences; under context parallelism 1/cp of the tokens (the zig-zag split
   balances the causal work, so every token-proportional quantity divides by cp); heads split by attention TP. The
-  latent path that has no head dimension (q_a / kv_a projections, their norms, the cache write) is replicated:
-  every die of an attention-TP group runs it on the group's tokens (SGLang and vLLM build it as a replicated linear);
+  latent path that has no head dimension (q_a / kv_a projections, their norms, the cache write) and the whole DSA
+  indexer are replicated: every die of an attention-TP group runs them on the group's tokens (SGLang and vLLM build
+  them as replicated linears);
 - after attention the group's tokens are split over its dies (SGLang DP attention with an all-to-all MoE backend,
   LayerCommunicator's SCATTERED mode; vLLM's sequence-parallel MoE): the row-parallel o_proj's partial sums are
   reduce-scattered (or all-reduced and chunked, `attention.tp_reduce`) and the next layer's attention all-gathers
@@ -15,7 +16,6 @@ The graph builder gives the ops of a step for a batch. A rank under the plan see
   MoE-TP group) times the routing imbalance (busiest rank / mean), weights read once per touched expert;
 - kv_b_proj of an MHA-mode prefill: every key the rank attends to, under CP the whole gathered sequence.
 Collectives are placed between the op that produces their input and the op that consumes their output.
-Limit: the indexer of V3.2 is taken as head-split under attention TP (its key path is not separated out).
 """
 
 from __future__ import annotations
@@ -41,7 +41,11 @@ EMBED = ("embedding",)
 TOKEN_KEYS = ("m", "tokens", "rows", "pairs")
 SIDE_STREAM_OPS = ("shared_gate_up", "shared_swiglu", "shared_down")
 ALL_KEYS = ("kv_b_proj",)  # up-projects every key the rank attends to: under CP the whole gathered sequence
-REPLICATED = ("q_a_proj", "q_norm", "kv_a_proj", "kv_proj", "kv_norm", "kv_cache_update")  # no head dimension
+# no head dimension (the latent path), or never split (the DSA indexer: "no tensor parallel, just replicated" in
+# SGLang's and vLLM's Indexer)
+REPLICATED = ("q_a_proj", "q_norm", "kv_a_proj", "kv_proj", "kv_norm", "kv_cache_update", "idx_q_b_proj", "idx_k_proj",
+              "idx_k_norm", "idx_rope", "idx_hadamard", "idx_q_quant", "idx_weights_proj", "idx_compressor",
+              "indexer_cache_update", "lightning_indexer")
 
 
 @dataclass(frozen=True)
