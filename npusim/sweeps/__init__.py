@@ -7,11 +7,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pandas as pd
 
+from npusim.results.tables import write_table
 from npusim.sweeps.figures import write_figures
 from npusim.sweeps.run import DiskCache, run_sweep
 from npusim.sweeps.spec import SweepSpec
@@ -35,11 +35,7 @@ def save(frame: pd.DataFrame, spec: SweepSpec, out: str | Path, figures: bool = 
     """The table as CSV (and Parquet when pyarrow is installed) and the standard figures, in directory `out`."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    written = [out / f"{spec.name}.csv"]
-    frame.to_csv(written[0], index=False)
-    if importlib.util.find_spec("pyarrow") is not None:
-        written.append(out / f"{spec.name}.parquet")
-        frame.to_parquet(written[-1], index=False)
+    written = write_table(frame, out / spec.name)
     return written + (write_figures(frame, spec, out) if figures else [])
 
 
