@@ -11,7 +11,7 @@ import yaml
 from npusim.cli.main import main
 from npusim.profiles import compare, fit
 from npusim.profiles.mapping import COMMUNICATION, Mapping, Unmapped, map_launch
-from npusim.profiles.msprof import op_type_of, read_profile
+from npusim.profiles.msprof import Launch, Tensor, op_type_of, read_profile
 from npusim.spec.chip import load_chip
 
 DATA = Path(__file__).parent / "data" / "msprof"
@@ -105,6 +105,37 @@ def test_batch_matmul_and_transposed_operands():
     mm = {m.mapping.shape_text for m in compare.group(read_profile(KERNEL_DETAILS))[0]}
     assert "m=1024,n=1024,k=512,batch=12,dtype=fp16,out_dtype=fp16" in mm  # [12,1024,512] @ [12,512,1024]
     assert "m=4096,n=4608,k=12288,batch=1,dtype=fp16,out_dtype=fp16" in mm  # [4096,12288] @ [4608,12288]^T
+
+
+def launch(op_type, inputs, outputs):
+    tensors = [tuple(Tensor(s, d) if s is not None else None for s, d in group) for group in (inputs, outputs)]
+    return Launch("x", op_type, "MIX_AIC", 1e-5, 24, 48, tensors[0], tensors[1], (), None, "f.csv", 2)
+
+
+@pytest.mark.parametrize("op,expect", [
+    (launch("BatchMatMulV3", [((4, 1024, 4096), "DT_BF16"), ((4096, 512), "DT_BF16")], [((4, 1024, 512), "DT_BF16")]),
+     {"m": 4096, "n": 512, "k": 4096, "batch": 1}),  # a 2-D weight under batched rows: one GEMM of all the rows
+    (launch("MatMulV2", [((7168, 128), "DT_BF16"), ((7168, 1536), "DT_BF16")], [((128, 1536), "FLOAT")]),
+     {"m": 128, "n": 1536, "k": 7168, "out_dtype": "fp32"}),  # x1 transposed
+    (launch("LightningIndexer", [((256, 64, 128), "DT_BF16"), ((8192, 1, 128), "DT_BF16"), ((256, 64), "DT_BF16"),
+                                 ((4,), "INT32"), ((4,), "INT32")], [((256, 1, 2048), "INT32")]),
+     {"batch": 4, "tokens": 64, "keys": 2048, "topk": 2048}),  # TND with its sequence-length tensors
+    (launch("LightningIndexer", [((4, 1, 64, 128), "DT_BF16"), ((64, 128, 1, 128), "DT_BF16"), ((4, 1, 64), "DT_BF16"),
+                                 ((4,), "INT32"), ((4,), "INT32"), ((4, 16), "INT32")], [((4, 1, 1, 2048), "INT32")]),
+     "paged key cache"),
+    (launch("SparseFlashAttention", [((4, 1, 128, 512), "DT_BF16"), ((64, 128, 1, 512), "DT_BF16"),
+                                     ((64, 128, 1, 512), "DT_BF16"), ((4, 1, 1, 2048), "INT32"), ((4, 16), "INT32")],
+            [((4, 1, 128, 512), "DT_BF16")]), "paged KV cache"),
+    (launch("MatMul", [((128, 7168), "FLOAT"), ((7168, 1536), "FLOAT")], [((128, 1536), "FLOAT")]), "fp32 x fp32"),
+    (launch("MatMul", [((128, 7168), "DT_BF16"), ((7000, 1536), "DT_BF16")], [((128, 1536), "DT_BF16")]),
+     "not a (batched) matrix product"),
+])
+def test_mapping_rules(op, expect):
+    m = map_launch(op)
+    if isinstance(expect, str):
+        assert isinstance(m, Unmapped) and expect in m.reason, m
+    else:
+        assert isinstance(m, Mapping) and expect.items() <= dict(m.shape).items(), m
 
 
 def test_identical_launches_are_one_op_with_their_median():
