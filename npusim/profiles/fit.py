@@ -2,8 +2,8 @@
 
 Parameters: the ratios under the chip file's `efficiency:` and the times under its `overheads:` (npusim.spec.chip)
 that the profile's mapped kernels read -- found by perturbing each and keeping those that move at least one op's
-simulated time, ranked by how much they move them. At most `max_params` are fitted (default: the three most
-influential, and never more than the profile has distinct ops), so a profile of one kernel fits one number.
+simulated time, ranked by how much they move them. The three most influential are fitted, never more than the
+profile has distinct ops (a profile of one kernel fits one number), unless the user names the fields (--params).
 
 Objective: the mean, over the profile's distinct ops (one kernel and shape each, so a thousand identical small
 launches do not outweigh one large GEMM), of |log(predicted / measured)| (measured: the median of the op's
@@ -136,7 +136,9 @@ def influential(problem: Problem, params: list[Parameter]) -> list[Parameter]:
     return sorted(out, key=lambda p: -p.influence)
 
 
-def fit(problem: Problem, chip: Chip, only: list[str] | None = None, max_params: int | None = None) -> Fit:
+def fit(problem: Problem, chip: Chip, only: list[str] | None = None) -> Fit:
+    """Fit the `only` fields (those of them the ops depend on), or the three most influential (at most one per
+    distinct op)."""
     params = candidates(chip)
     if only:
         known = {p.path for p in params}
@@ -149,8 +151,7 @@ def fit(problem: Problem, chip: Chip, only: list[str] | None = None, max_params:
     if not chosen:
         raise NpusimError(f"none of {', '.join(p.path for p in params)} changes the simulated time of the "
                           f"profile's ops: nothing to fit")
-    limit = max_params or min(3, len(problem.measured))
-    chosen = chosen[:limit]
+    chosen = chosen if only else chosen[:min(3, len(problem.measured))]
     values = {p: p.value for p in chosen}
     before = best = problem.loss(problem.times(values))
     for n in range(PASSES):

@@ -25,7 +25,7 @@ DTYPES = {"BF16": "bf16", "BFLOAT16": "bf16", "FLOAT16": "fp16", "FP16": "fp16",
           "FLOAT32": "fp32", "FP32": "fp32", "INT8": "int8", "INT4": "int4", "INT32": "int32", "INT64": "int64",
           "FLOAT8_E4M3FN": "fp8", "HIFLOAT8": "hif8", "FLOAT8_E8M0": "e8m0", "FLOAT4_E2M1": "fp4", "BOOL": "bool",
           "UINT8": "uint8"}
-GEMM_SCHEMES = {"bf16": "bf16", "fp16": "fp16", "int8": "int8", "fp8": "fp8"}  # operand dtype -> gemm dtype scheme
+GEMM_DTYPES = ("bf16", "fp16", "int8", "fp8")  # operand dtypes with a gemm scheme of the same name
 OUT_DTYPES = ("bf16", "fp16", "fp32", "int8")
 SPARSE_MODE = "sparse_mode is an attribute the profile does not record: the default 3 (causal) taken"
 
@@ -74,9 +74,9 @@ def matmul(op: Launch) -> Mapping | Unmapped:
         return Unmapped("needs two matrix inputs in Input Shapes")
     a, b = ins[0], ins[1]
     da, db = dtype(a), dtype(b)
-    if da != db or da not in GEMM_SCHEMES:
+    if da != db or da not in GEMM_DTYPES:
         return Unmapped(f"operands {da} x {db}: npusim's gemm has schemes for equal operand dtypes "
-                        f"{', '.join(GEMM_SCHEMES)} (weight-only quantisation is not modelled)")
+                        f"{', '.join(GEMM_DTYPES)} (weight-only quantisation is not modelled)")
     out = _present(op.outputs)
     dims = _mnk(a.shape, b.shape, out[0].shape if out else None)
     if dims is None:
@@ -88,7 +88,7 @@ def matmul(op: Launch) -> Mapping | Unmapped:
         m *= math.prod(a.shape[:-2])
     od = dtype(out[0]) if out else "bf16"
     return _mapping("gemm", "" if out else "no output shape: x2 taken as [k, n] or [n, k] by its sizes",
-                    m=m, n=n, k=k, batch=batch, dtype=GEMM_SCHEMES[da], out_dtype=od if od in OUT_DTYPES else "bf16")
+                    m=m, n=n, k=k, batch=batch, dtype=da, out_dtype=od if od in OUT_DTYPES else "bf16")
 
 
 def _mnk(a, b, out) -> tuple[int, int, int] | None:
@@ -114,11 +114,11 @@ def grouped_matmul(op: Launch) -> Mapping | Unmapped:
     n = out[0].shape[-1]
     if (w.shape[1], w.shape[2]) not in ((k, n), (n, k)):
         return Unmapped(f"weight {list(w.shape)} does not match x {list(x.shape)} and y {list(out[0].shape)}")
-    if dtype(x) != dtype(w) or dtype(x) not in GEMM_SCHEMES:
+    if dtype(x) != dtype(w) or dtype(x) not in GEMM_DTYPES:
         return Unmapped(f"operands {dtype(x)} x {dtype(w)} have no grouped_gemm scheme")
     od = dtype(out[0])
     return _mapping("grouped_gemm", "group_list values are not in the profile: rows spread evenly over the experts",
-                    rows=rows, k=k, n=n, experts=w.shape[0], dtype=GEMM_SCHEMES[dtype(x)],
+                    rows=rows, k=k, n=n, experts=w.shape[0], dtype=dtype(x),
                     out_dtype=od if od in OUT_DTYPES else "bf16")
 
 
