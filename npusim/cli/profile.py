@@ -22,8 +22,8 @@ from npusim.results.tables import write_table
 from npusim.spec.chip import CHIPS, Chip, load_chip
 
 TIMES = ("measured: msprof Task Duration, the device time of one launch without the host's launch cost (median of "
-         "the launches); predicted: npusim's engine time of the kernel with no launch overhead (kernel sim "
-         "--launch none)")
+         "the launches); predicted: npusim's engine time of the kernel in launch mode device, the trace plus the "
+         "chip's overheads.task_dispatch and core_start (kernel sim --launch device)")
 
 
 def register(sub) -> None:

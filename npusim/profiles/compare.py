@@ -1,8 +1,9 @@
 """Measured vs predicted per op of a profile: identical launches grouped, each group's kernel simulated once.
 
 Measured is msprof's Task Duration: the device time of one launch (dispatch to the cores, execution, completion),
-without the host's launch cost. Predicted is the engine's time of the mapped kernel's tile trace with no launch
-overhead added (`npusim kernel sim ... --launch none`), so the two are the same kind of time. A group is the
+without the host's launch cost. Predicted is the engine's time of the mapped kernel's tile trace in the `device`
+launch mode (`npusim kernel sim ... --launch device`): the trace plus the chip's `overheads.task_dispatch` and
+`overheads.core_start`, what Task Duration counts beyond the cores' work, so the two are the same kind of time. A group is the
 launches of one OP Type that map onto the same kernel and shape; its measured figure is the median of its
 launches (robust to a cold first launch), beside their mean and count. Where the profile carries msprof's pipe
 ratios (aic_mac_ratio, aiv_vec_ratio, ... with --aic-metrics PipeUtilization) their mean is shown beside the
@@ -85,9 +86,10 @@ def _merge(skipped: list[Skipped]) -> list[Skipped]:
 
 
 def simulate_op(m: Mapping, chip: Chip) -> KernelResult:
-    """The engine's device time of the mapped kernel (no launch cost); NpusimError if it cannot run on the chip."""
+    """The mapped kernel's time as msprof's Task Duration counts it (launch mode `device`: no host launch cost);
+    NpusimError if it cannot run on the chip."""
     kern = catalog.kernel(m.kernel, {k: v for k, v in m.shape})
-    return simulate(kern.trace(chip), chip, launch="none")
+    return simulate(kern.trace(chip), chip, launch="device")
 
 
 def predict(ops: list[Op], chip: Chip) -> tuple[list[tuple[Op, KernelResult]], list[Skipped]]:

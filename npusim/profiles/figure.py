@@ -33,7 +33,7 @@ def scatter(ops: pd.DataFrame, path: str | Path, title: str, fitted: pd.Series |
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     ax.set_xlabel("measured: msprof Task Duration, median of launches (us)")
-    ax.set_ylabel("predicted: npusim device time, no launch cost (us)")
+    ax.set_ylabel("predicted: npusim, launch mode device (us)")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, which="both")

@@ -72,11 +72,12 @@ class Fit:
     loss_after: float
 
     def warnings(self) -> list[str]:
-        """Fitted values that compensate for something other than an efficiency: at a bound, or moved > 1.5x."""
+        """Fitted values that compensate for something other than an efficiency: at a bound, or moved > 1.5x (a
+        time: and by more than 1 us)."""
         out = []
         for p, v in self.params:
             at_bound = v <= p.low + 1e-9 or v >= p.high * (1 - 1e-6)
-            moved = p.dim == "number" and max(v / p.value, p.value / v) > 1.5
+            moved = max(v, p.value) > 1.5 * min(v, p.value) + (1e-6 if p.dim == "time" else 0.0)
             if at_bound or moved:
                 out.append(f"{p.path} went from {p.text(p.value, 4)} to {p.text(v, 4)}"
                            f"{' (its bound)' if at_bound else ''}: more than an efficiency explains, so these "
