@@ -2,6 +2,7 @@
 trace-build time naming the kernel, the queue and the stage."""
 
 import inspect
+import re
 
 import numpy as np
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from npusim.engine import simulate
 from npusim.errors import NpusimError
 from npusim.functional.executor import execute
-from npusim.kernels import attention, gemm, indexer, projection
+from npusim.kernels import attention, gemm, indexer, projection, rowwise, vector
 from npusim.kernels.base import Band
 from npusim.kernels.program import AIC, AIV, TileProgram, stage
 from npusim.kernels.tile import Act, Ref, lin
@@ -185,15 +186,15 @@ def test_flags_are_never_named_by_hand():
         v.op("mte2", "load", wait=("in.free",))
 
 
-@pytest.mark.parametrize("module", [gemm, indexer, projection, attention])
+@pytest.mark.parametrize("module", [gemm, indexer, projection, attention, vector, rowwise])
 def test_kernels_on_the_layer_write_no_flags(module):
     source = inspect.getsource(module)
-    assert "wait=" not in source and "set=" not in source
+    assert not re.search(r"\b(wait|set)=", source)
 
 
 def test_plan_buffering_is_the_queue_depth_of_kernels_on_the_layer():
     """A plan's buffering reaches a kernel on the layer as its double-buffered queues' depth (L1, L0 and the two
-    L0C accumulators here), buffer use following; a kernel still naming flags by hand gets its trace rewritten."""
+    L0C accumulators here; the row-wise kernel's UB in and out), buffer use following."""
     from npusim.kernels.catalog import kernel
     from npusim.parallel.optime import kernel_trace
 
@@ -205,6 +206,6 @@ def test_plan_buffering_is_the_queue_depth_of_kernels_on_the_layer():
     assert double.groups[0].flags["l1.free"] == 2 and single.tiling["buffering"] == 1
     assert single.buffers == {level: used / 2 for level, used in double.buffers.items()}
     assert simulate(single, chip).time > simulate(double, chip).time
-    rows = kernel_trace(kernel("rowwise", {"rows": 8192, "dim": 1536}), chip, 1)
-    assert "buffering" not in type(kernel("rowwise", {"rows": 1, "dim": 1})).options
-    assert rows.groups[0].flags["ub.free"] == 1
+    rows, rows2 = (kernel_trace(kernel("rowwise", {"rows": 8192, "dim": 1536}), chip, b) for b in (1, 2))
+    assert rows.groups[0].flags["ub.free0"] == rows.groups[0].flags["out.free0"] == 1
+    assert rows.buffers["ub"] == rows2.buffers["ub"] / 2

@@ -23,7 +23,8 @@ a prefill is dealt as units of two blocks whose key tiles add up to a full block
 Written on the tile-program layer (npusim.kernels.program): `FlashProgram` declares the queues (`Queues`: Q, the
 K/V ring, P, L0 and L0C on the AIC; the gathered rows, S, P and O~ between the AIC and its AIVs through GM; each
 AIV's UB buffers) and writes the stages C1 / C2 (AIC) and gather / V1 / V2 / finalize / partial / combine (AIV) as
-its methods, each built once per (slot, key tile, group offset) and spliced along a block's stream.
+its methods, each built once per (slot, key tile, group offset) and spliced along a block's stream. A plan's
+`buffering` is the depth of the double-buffered queues (depth 1 deadlocks: the stream releases its slots in pairs).
 """
 
 from __future__ import annotations
@@ -243,7 +244,8 @@ class Attention(Kernel):
                      {"block": (p.tpb * p.hb, self.block_n), "row_group": p.rows,
                       "key_set": "gathered" if self.gathered else "contiguous", "l0_c1": ((p.chunk, p.bk), (p.bk, KC)),
                       "l0_c2": ((p.chunk, KC), (KC, p.vc)), "kv_ring": 3, "aiv_rows": p.vr, "bands": len(bands),
-                      "kv_splits": f.ranges, "combine_rows": f.cr, "scale": round(f.scale, 6)}, dtype=self.dtype)
+                      "kv_splits": f.ranges, "combine_rows": f.cr, "scale": round(f.scale, 6)} | f.prog.tiling(),
+                     dtype=self.dtype)
 
 
 @dataclass(frozen=True)
@@ -315,7 +317,7 @@ class FlashProgram:
         self.ranges = cdiv(tiles, cdiv(tiles, p.splits)) if p.splits > 1 else 1
         self.cr = self.combine_rows() if self.ranges > 1 else 0
         self.ub_combine = 4.0 * self.cr * (2 * self.ranges + 3 * self.dv) if self.ranges > 1 else 0
-        self.prog = TileProgram(k.name, chip)
+        self.prog = TileProgram(k.name, chip, k.buffering)
         self.q = self.queues()
 
     def hits(self, chip: Chip) -> None:
@@ -930,7 +932,7 @@ class SparseFlashAttention(Attention):
     (-1 = none) -> out [batch*tokens*heads, d_v]."""
 
     name: ClassVar[str] = "sparse_flash_attention"
-    options: ClassVar[tuple[str, ...]] = ("dtype", "causal", "block_m", "block_n", "scale", "kv_splits")
+    options: ClassVar[tuple[str, ...]] = ("dtype", "causal", "block_m", "block_n", "scale", "kv_splits", "buffering")
     tokens: int
     keys: int
     heads: int = 128
@@ -945,6 +947,7 @@ class SparseFlashAttention(Attention):
     block_n: int = 512
     scale: float = 0.0  # 0 = d_qk^-0.5
     kv_splits: int = 0  # key ranges per block: 0 = split-KV when blocks < cores, 1 = never
+    buffering: int = 0  # depth of the double-buffered queues (0 = 2, as written)
 
     @property
     def width(self) -> int:
@@ -962,7 +965,7 @@ class FlashAttention(Attention):
     `tokens` positions of `keys`."""
 
     name: ClassVar[str] = "flash_attention"
-    options: ClassVar[tuple[str, ...]] = ("dtype", "causal", "block_m", "block_n", "scale", "kv_splits")
+    options: ClassVar[tuple[str, ...]] = ("dtype", "causal", "block_m", "block_n", "scale", "kv_splits", "buffering")
     gathered: ClassVar[bool] = False
     tokens: int
     keys: int
@@ -978,6 +981,7 @@ class FlashAttention(Attention):
     block_n: int = 512
     scale: float = 0.0
     kv_splits: int = 0
+    buffering: int = 0
 
     @property
     def width(self) -> int:
@@ -996,7 +1000,7 @@ class V4Attention(Attention):
     keys//ratio)] index into it (-1 = none); sink [1, heads]."""
 
     name: ClassVar[str] = "v4_attention"
-    options: ClassVar[tuple[str, ...]] = ("dtype", "block_m", "block_n", "scale", "kv_splits")
+    options: ClassVar[tuple[str, ...]] = ("dtype", "block_m", "block_n", "scale", "kv_splits", "buffering")
     tokens: int
     keys: int
     heads: int = 64
@@ -1012,6 +1016,7 @@ class V4Attention(Attention):
     block_n: int = 512
     scale: float = 0.0
     kv_splits: int = 0
+    buffering: int = 0
     causal: ClassVar[int] = 0  # the index set is causal by construction
 
     @property

@@ -10,10 +10,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 from npusim.errors import NpusimError, did_you_mean
-from npusim.kernels.tile import Act, Lin, lin, let
+from npusim.kernels.tile import Lin, lin, let
 from npusim.kernels.trace import Group, Instr, Loop, Node, Program, Trace, check_fits
 from npusim.spec.chip import BYTES_PER_ELEMENT, Chip
 
@@ -122,27 +122,9 @@ class Kernel:
 
 
 # ------------------------------------------------------------------------------------------------ building blocks
-def ins(pipe: str, op: str, action: Act | None = None, **kw) -> Instr:
-    return Instr(pipe, op, action=action, **kw)
-
-
 def addr(**bindings) -> Instr:
     """Scalar address arithmetic at the top of a block (binds the block's coordinates for the functional path)."""
     return Instr("scalar", "addr", action=let(**bindings))
-
-
-def pingpong(count: int, make: Callable[[int, Lin], tuple[Node, ...]], var: str) -> tuple[Node, ...]:
-    """`count` iterations of a double-buffered body, unrolled by two so each copy names its static buffer slot.
-
-    make(slot, i) builds one iteration; i is the iteration index as an expression of `var`.
-    """
-    pairs, odd = divmod(count, 2)
-    out: tuple[Node, ...] = ()
-    if pairs:
-        out += (Loop(pairs, make(0, lin((var, 2))) + make(1, lin((var, 2), base=1)), var),)
-    if odd:
-        out += make(0, Lin(count - 1))
-    return out
 
 
 def scaled(i: Lin, f: int, base: int = 0) -> Lin:

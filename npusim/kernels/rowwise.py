@@ -1,7 +1,11 @@
 """Row-wise vector kernels (RMSNorm, LayerNorm): AIV-only, rows streamed through UB.
 
 Each AIV takes blocks of rows: MTE2 GM->UB, one vector pass, MTE3 UB->GM, double-buffered in UB. One class,
-parameterised by the row op: the op's FLOPs per element and its functional meaning are all that differ.
+parameterised by the row op: the op's FLOPs per element and its functional meaning are all that differ. The weight
+(and LayerNorm bias) row is read by the vector pass where it lies; UB holds the fp32 working copies of a block.
+
+Written on the tile-program layer (npusim.kernels.program): a block's rows go through two UB queues (in: MTE2 ->
+vector, out: vector -> MTE3) between the stages copy_in / compute / copy_out; a plan's `buffering` is their depth.
 """
 
 from __future__ import annotations
@@ -10,14 +14,14 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from npusim.errors import NpusimError
-from npusim.kernels.base import Band, Kernel, Work, cdiv, distribute, ins, nbytes, register
+from npusim.kernels.base import Band, Kernel, Work, cdiv, nbytes, register
+from npusim.kernels.program import AIV, Code, Queue, TileProgram, stage
 from npusim.kernels.tile import Act, Ref, lin
 from npusim.kernels.trace import Trace
 from npusim.spec.chip import Chip
 
 # vector FLOPs per element of each row op (estimate: count of fp32 multiply/add/compare per element)
 ROW_OPS = {"rmsnorm": 4, "layernorm": 7}
-ROW_FLAGS = {"ub.free": 2, "ub.full": 0, "out.free": 2, "out.full": 0}
 
 
 @register
@@ -26,37 +30,65 @@ class RowWise(Kernel):
     """x [rows, dim] -> op(x) [rows, dim]; p [1 or 2, dim] holds the weight (and LayerNorm bias)."""
 
     name: ClassVar[str] = "rowwise"
-    options: ClassVar[tuple[str, ...]] = ("op", "dtype", "block_rows")
+    options: ClassVar[tuple[str, ...]] = ("op", "dtype", "block_rows", "buffering")
     rows: int
     dim: int
     op: str = "rmsnorm"
     dtype: str = "bf16"
     block_rows: int = 0  # 0 = as many as double-buffer in UB
+    buffering: int = 0  # depth of the in / out queues (0 = 2, as written)
 
     def work(self) -> Work:
         io = 2 * nbytes(self.dtype, self.rows, self.dim)
         return Work(0.0, io, vector_flops=ROW_OPS[self.op] * self.rows * self.dim)
 
+    def block(self, chip: Chip) -> int:
+        """Rows per block: as many as double-buffer in and out in UB (fp32 working copies)."""
+        return self.block_rows or max(1, min(self.rows, int(chip.aiv.buffers.ub / 2 / (2 * 4.0 * self.dim + 64))))
+
+    def rows_at(self, name: str, br: int) -> Ref:
+        return Ref(name, (lin(("blk", br)), 0), (br, self.dim), (self.rows, self.dim))
+
+    @stage
+    def copy_in(self, v: Code, inq: Queue, br: int) -> None:
+        """MTE2: the block's rows into UB as fp32."""
+        v.alloc(inq)
+        v.op("mte2", "load", Act("load", Ref("ub.x", (0, 0), (br, self.dim)), (self.rows_at("x", br),), "fp32"),
+             bytes=nbytes(self.dtype, br, self.dim), dtype=self.dtype, src="gm", dst="ub")
+        v.enque(inq)
+
+    @stage
+    def compute(self, v: Code, inq: Queue, outq: Queue, br: int) -> None:
+        """Vector: the row op over the block, the parameters read in place."""
+        v.deque(inq)
+        v.alloc(outq)
+        v.op("vector", self.op, Act(self.op, Ref("ub.y", (0, 0), (br, self.dim)),
+                                    (Ref("ub.x", (0, 0), (br, self.dim)), Ref("p", (0, 0), (-1, -1))), self.dtype),
+             flops=ROW_OPS[self.op] * br * self.dim, bytes=4.0 * self.dim * br, dtype="fp32", src="ub", dst="ub")
+        v.free(inq)
+        v.enque(outq)
+
+    @stage
+    def copy_out(self, v: Code, outq: Queue, br: int) -> None:
+        """MTE3: the block's results to GM."""
+        v.deque(outq)
+        v.op("mte3", "store", Act("store", self.rows_at("y", br), (Ref("ub.y", (0, 0), (br, self.dim)),), self.dtype),
+             bytes=nbytes(self.dtype, br, self.dim), dtype=self.dtype, src="ub", dst="gm")
+        v.free(outq)
+
     def build(self, chip: Chip) -> Trace:
         if self.op not in ROW_OPS:
             raise NpusimError(f"unknown row op '{self.op}'; allowed: {', '.join(ROW_OPS)}", field="op")
-        row_bytes = 4.0 * self.dim  # fp32 working copy in UB
-        br = self.block_rows or max(1, min(self.rows, int(chip.aiv.buffers.ub / 2 / (2 * row_bytes + 64))))
-        dt = self.dtype
-        r0, stop = lin(("blk", br)), (self.rows, self.dim)
-        body = (
-            ins("mte2", "load", Act("load", Ref("ub.x", (0, 0), (br, self.dim)), (Ref("x", (r0, 0), (br, self.dim), stop),),
-                                    "fp32"), bytes=nbytes(dt, br, self.dim), dtype=dt, src="gm", dst="ub",
-                wait=("ub.free",), set=("ub.full",)),
-            ins("vector", self.op, Act(self.op, Ref("ub.y", (0, 0), (br, self.dim)),
-                                       (Ref("ub.x", (0, 0), (br, self.dim)), Ref("p", (0, 0), (-1, -1))), dt),
-                flops=ROW_OPS[self.op] * br * self.dim, bytes=row_bytes * br, dtype="fp32", src="ub", dst="ub",
-                wait=("ub.full", "out.free"), set=("ub.free", "out.full")),
-            ins("mte3", "store", Act("store", Ref("y", (r0, 0), (br, self.dim), stop), (Ref("ub.y", (0, 0),
-                                                                                              (br, self.dim)),), dt),
-                bytes=nbytes(dt, br, self.dim), dtype=dt, src="ub", dst="gm", wait=("out.full",), set=("out.free",)))
+        br = self.block(chip)
+        prog = TileProgram(self.name, chip, self.buffering)
+        slot = {"ub": 4.0 * self.dim * br}  # one block's fp32 working copy
+        inq = prog.queue("ub", (AIV, "mte2"), (AIV, "vector"), depth=2, slot=slot)
+        outq = prog.queue("out", (AIV, "vector"), (AIV, "mte3"), depth=2, slot=slot)
+        v = prog.code(AIV)
+        self.copy_in(v, inq, br)
+        self.compute(v, inq, outq, br)
+        self.copy_out(v, outq, br)
         blocks = cdiv(self.rows, br)
-        groups = distribute([Band(blocks, None, (body,))], chip.aiv.count, ROW_FLAGS)
-        w = self.work()
-        return Trace(self.name, chip.name, self.shape, groups, 0.0, w.hbm_bytes, {"ub": 2 * 2 * row_bytes * br},
-                     {"op": self.op, "block_rows": br, "blocks": blocks}, dtype=dt)
+        groups = prog.groups([Band(blocks, None, (v.body(),))], chip.aiv.count)
+        return Trace(self.name, chip.name, self.shape, groups, 0.0, self.work().hbm_bytes, prog.buffers(),
+                     {"op": self.op, "block_rows": br, "blocks": blocks} | prog.tiling(), dtype=self.dtype)

@@ -9,25 +9,30 @@ tables) come whole with each tile. A kernel says only its operands, its steps an
 
 When the tokens are few (decode) the wide axis is split as well so every vector core has work, but no tile moves
 less than 4 KB and column tiles stay 512 B aligned (HcPost tiling, models.md §2.5 [CRI deepseek_v4_mHC_guide.md]).
+
+Written on the tile-program layer (npusim.kernels.program): a tile's inputs share one UB buffer of the in queue
+(MTE2 -> vector) and its outputs one of the out queue (vector -> MTE3), the step results resident beside them; the
+stages copy_in / compute / copy_out are Ascend C's CopyIn / Compute / CopyOut, and a plan's `buffering` is the depth
+of both queues.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from npusim.errors import NpusimError
-from npusim.kernels.base import Band, Kernel, Work, addr, cdiv, distribute, ins, nbytes, register
+from npusim.kernels.base import Band, Kernel, Work, cdiv, nbytes, register
+from npusim.kernels.program import AIV, Code, Queue, TileProgram, stage
 from npusim.kernels.tile import Act, Ref, lin
-from npusim.kernels.trace import Node, Trace
+from npusim.kernels.trace import Trace
 from npusim.spec.chip import Chip
 
 MIN_TILE_BYTES = 4096  # least data a tile moves when the wide axis is split (HcPost tiling, models.md §2.5 [CRI])
 COL_ALIGN_BYTES = 512  # column tiles 512 B aligned (same source)
 MIN_COL_BYTES = 1024  # and at least 1 KB of a row (same source)
 TILE_TOKENS = (64, 32, 16, 8, 4, 2, 1)
-FLAGS = {"in.free": 2, "in.full": 0, "out.free": 2, "out.full": 0}
 FORMATS = {"fp8e4m3": 1.0, "fp8e5m2": 1.0, "fp4e2m1": 0.5, "e8m0": 1.0}  # element formats beside the chip's dtypes
 EXACT = {"e8m0": ""}  # power-of-two scales are stored exactly (no rounding step)
 
@@ -74,8 +79,51 @@ class Step:
     args: tuple[tuple[str, object], ...] = ()
 
 
+@dataclass(frozen=True)
+class Tile:
+    """The tile of a launch: `bt` tokens x `bc` columns of the wide axis `W` of `T` tokens; 'tt' / 'ct' are the
+    block's token and column offsets."""
+
+    bt: int
+    bc: int
+    T: int
+    W: int
+
+    def cols(self, o: Operand) -> int:
+        return self.bc if o.split else o.cols
+
+    def ub(self, o: Operand) -> Ref:
+        return Ref(f"ub.{o.name}", (0, 0), (self.bt * o.per, self.cols(o)))
+
+    def gm(self, o: Operand) -> Ref:
+        col = lin(("ct", self.bc), base=o.offset) if o.split else o.offset
+        return Ref(o.gm, (lin(("tt", self.bt * o.per)), col), (self.bt * o.per, self.cols(o)),
+                   (self.T * o.per, (self.W if o.split else o.cols) + o.offset))
+
+    def index(self, o: Operand) -> Ref:
+        """The tile's rows of the index array of a gathered (or scattered) operand."""
+        rows = self.bt * o.per
+        return Ref(o.gather, (0, lin(("tt", rows))), (1, rows), (1, self.T * o.per))
+
+    def table(self, o: Operand) -> Ref:
+        """The column tile of the whole gathered table (or scattered cache)."""
+        return Ref(o.gm, (0, lin(("ct", self.bc))), (-1, self.bc))
+
+
+@dataclass(frozen=True)
+class Queues:
+    """A tile's UB buffers: its inputs (MTE2 -> vector) and its outputs (vector -> MTE3)."""
+
+    inq: Queue
+    outq: Queue
+
+
+@dataclass(frozen=True)
 class Tiled(Kernel):
     """Shared mechanism; subclasses give `tokens`, `wide` (the split axis length), inputs, outputs, steps."""
+
+    options: ClassVar[tuple[str, ...]] = ("buffering",)
+    buffering: int = field(default=0, kw_only=True)  # depth of the in / out queues (0 = 2, as written)
 
     def inputs(self) -> tuple[Operand, ...]:
         raise NotImplementedError
@@ -95,14 +143,17 @@ class Tiled(Kernel):
         return Work(0.0, io, vector_flops=self.tokens * sum(s.flops for s in self.steps()))
 
     # ------------------------------------------------------------------ tiling
+    def _io(self, operands: tuple[Operand, ...], bt: int, bc: int) -> float:
+        return sum(mem(o.dtype, bt * o.per, bc if o.split else o.cols) for o in operands)
+
+    def _work_bytes(self, bt: int, bc: int) -> float:
+        """UB of the step results (fp32), resident beside the queues."""
+        return sum(4.0 * bt * s.out.per * (bc if s.out.split else s.out.cols) for s in self.steps())
+
     def _bytes(self, bt: int, bc: int) -> tuple[float, float]:
         """(DMA bytes, UB bytes) of one tile: inputs and outputs double-buffered, step results in fp32."""
-        def cols(o: Operand) -> int:
-            return bc if o.split else o.cols
-
-        io = sum(mem(o.dtype, bt * o.per, cols(o)) for o in self.inputs() + self.outputs())
-        work = sum(4.0 * bt * s.out.per * cols(s.out) for s in self.steps())
-        return io, 2 * io + work
+        io = self._io(self.inputs() + self.outputs(), bt, bc)
+        return io, 2 * io + self._work_bytes(bt, bc)
 
     def tile(self, chip: Chip) -> tuple[int, int]:
         """Most tokens per tile that fit UB with whole rows; with fewer tiles than vector cores, one token per tile
@@ -129,63 +180,75 @@ class Tiled(Kernel):
                               f"{chip.name} has {ub / 1024:g} KiB", field="tiling.ub")
         return 1, bc
 
+    # ------------------------------------------------------------------ the tile's stages (one AIV)
+    @stage
+    def copy_in(self, v: Code, q: Queues, t: Tile) -> None:
+        """MTE2: every input of the tile into one UB buffer of the in queue (gathered rows: a discrete copy of the
+        tile's index row and the table's column tile)."""
+        ins_ = self.inputs()
+        for i, o in enumerate(ins_):
+            if i == 0:
+                v.alloc(q.inq)
+            moved = mem(o.dtype, t.bt * o.per, t.cols(o))
+            if o.gather:
+                act = Act("gather", t.ub(o), (t.index(o), t.table(o)), rnd_as(o.dtype), (("fill", -1),))
+                v.op("mte2", f"gather_{o.name}", act, bytes=moved + 4.0 * t.bt * o.per, dtype=o.dtype, src="gm",
+                     dst="ub")
+            else:
+                v.op("mte2", f"load_{o.name}", Act("load", t.ub(o), (t.gm(o),), rnd_as(o.dtype)), bytes=moved,
+                     dtype=o.dtype, src="gm", dst="ub")
+        v.enque(q.inq)
+
+    @stage
+    def compute(self, v: Code, q: Queues, t: Tile) -> None:
+        """Vector: the steps in fp32 from the in buffer to the out buffer, FLOPs scaled by the column tile."""
+        steps, c0 = self.steps(), lin(("ct", t.bc))
+        for i, s in enumerate(steps):
+            if i == 0:
+                v.deque(q.inq)
+                v.alloc(q.outq)
+            cols = t.cols(s.out)
+            act = Act(s.op, t.ub(s.out), tuple(Ref(f"ub.{n}", (0, 0), (-1, -1)) for n in s.ins), rnd_as(s.out.dtype),
+                      s.args + (("tokens", t.bt), ("col0", c0)))
+            v.op("vector", s.op, act, flops=s.flops * t.bt * (t.bc / t.W if s.out.split else 1.0),
+                 bytes=4.0 * t.bt * s.out.per * cols, dtype="fp32", src="ub", dst="ub")
+        v.free(q.inq)
+        v.enque(q.outq)
+
+    @stage
+    def copy_out(self, v: Code, q: Queues, t: Tile) -> None:
+        """MTE3: every output to GM (scattered rows land at their slots: functionally the column tile updated)."""
+        outs = self.outputs()
+        for i, o in enumerate(outs):
+            if i == 0:
+                v.deque(q.outq)
+            act = Act("store", t.gm(o), (t.ub(o),), rnd_as(o.dtype))
+            if o.gather:
+                whole = t.table(o)
+                act = Act("scatter", whole, (whole, t.index(o), t.ub(o)), rnd_as(o.dtype), (("fill", -1),))
+            v.op("mte3", f"store_{o.name}", act, bytes=mem(o.dtype, t.bt * o.per, t.cols(o)), dtype=o.dtype,
+                 src="ub", dst="gm")
+        v.free(q.outq)
+
+    # ------------------------------------------------------------------ trace
     def build(self, chip: Chip) -> Trace:
         bt, bc = self.tile(chip)
-        T, W = self.tokens, self.wide
-        ncol = cdiv(W, bc)
-        share = bc / W
-        c0 = lin(("ct", bc))
-
-        def ref(o: Operand, ub: bool) -> Ref:
-            rows, cols = bt * o.per, bc if o.split else o.cols
-            if ub:
-                return Ref(f"ub.{o.name}", (0, 0), (rows, cols))
-            col = lin(("ct", bc), base=o.offset) if o.split else o.offset
-            return Ref(o.gm, (lin(("tt", bt * o.per)), col), (rows, cols),
-                       (T * o.per, (W if o.split else o.cols) + o.offset))
-
-        ins_, outs, steps = self.inputs(), self.outputs(), self.steps()
-        body: list[Node] = []
-        for i, o in enumerate(ins_):
-            edge = dict(wait=("in.free",) if i == 0 else (), set=("in.full",) if i == len(ins_) - 1 else ())
-            cols = bc if o.split else o.cols
-            moved = mem(o.dtype, bt * o.per, cols)
-            if o.gather:  # index row [1, tokens] and the table's column tile: the discrete copy of the rows
-                rows = bt * o.per
-                act = Act("gather", ref(o, True), (Ref(o.gather, (0, lin(("tt", rows))), (1, rows), (1, T * o.per)),
-                                                   Ref(o.gm, (0, c0), (-1, bc))), rnd_as(o.dtype), (("fill", -1),))
-                body.append(ins("mte2", f"gather_{o.name}", act, bytes=moved + 4.0 * rows, dtype=o.dtype, src="gm",
-                                dst="ub", **edge))
-                continue
-            body.append(ins("mte2", f"load_{o.name}", Act("load", ref(o, True), (ref(o, False),), rnd_as(o.dtype)),
-                            bytes=moved, dtype=o.dtype, src="gm", dst="ub", **edge))
-        for i, s in enumerate(steps):
-            cols = bc if s.out.split else s.out.cols
-            flags = dict(wait=(("in.full", "out.free") if i == 0 else ()),
-                         set=(("in.free", "out.full") if i == len(steps) - 1 else ()))
-            args = s.args + (("tokens", bt), ("col0", c0))
-            body.append(ins("vector", s.op, Act(s.op, Ref(f"ub.{s.out.name}", (0, 0), (bt * s.out.per, cols)),
-                                                tuple(Ref(f"ub.{n}", (0, 0), (-1, -1)) for n in s.ins),
-                                                rnd_as(s.out.dtype), args),
-                            flops=s.flops * bt * (share if s.out.split else 1.0), bytes=4.0 * bt * s.out.per * cols,
-                            dtype="fp32", src="ub", dst="ub", **flags))
-        for i, o in enumerate(outs):
-            cols = bc if o.split else o.cols
-            act = Act("store", ref(o, False), (ref(o, True),), rnd_as(o.dtype))
-            if o.gather:  # the discrete copy out: rows land at their slots (functionally the column tile updated)
-                whole = Ref(o.gm, (0, c0), (-1, bc))
-                act = Act("scatter", whole, (whole, Ref(o.gather, (0, lin(("tt", bt * o.per))), (1, bt * o.per),
-                                                         (1, T * o.per)), ref(o, True)), rnd_as(o.dtype),
-                          (("fill", -1),))
-            body.append(ins("mte3", f"store_{o.name}", act,
-                            bytes=mem(o.dtype, bt * o.per, cols), dtype=o.dtype, src="ub", dst="gm",
-                            wait=("out.full",) if i == 0 else (), set=("out.free",) if i == len(outs) - 1 else ()))
-        head = addr(tt=lin(("blk", 1), div=ncol), ct=lin(("blk", 1), mod=ncol))
-        blocks = cdiv(T, bt) * ncol
-        groups = distribute([Band(blocks, None, ((head,) + tuple(body),))], chip.aiv.count, FLAGS)
-        w = self.work()
-        return Trace(self.name, chip.name, self.shape, groups, 0.0, w.hbm_bytes, {"ub": self._bytes(bt, bc)[1]},
-                     {"tile_tokens": bt, "tile_cols": bc, "tiles": blocks}, dtype="bf16")
+        t, ncol = Tile(bt, bc, self.tokens, self.wide), cdiv(self.wide, bc)
+        prog = TileProgram(self.name, chip, self.buffering)
+        q = Queues(prog.queue("in", (AIV, "mte2"), (AIV, "vector"), depth=2,
+                              slot={"ub": self._io(self.inputs(), bt, bc)}),
+                   prog.queue("out", (AIV, "vector"), (AIV, "mte3"), depth=2,
+                              slot={"ub": self._io(self.outputs(), bt, bc)}))
+        prog.reserve("ub", self._work_bytes(bt, bc))
+        v = prog.code(AIV)
+        v.addr(tt=lin(("blk", 1), div=ncol), ct=lin(("blk", 1), mod=ncol))
+        self.copy_in(v, q, t)
+        self.compute(v, q, t)
+        self.copy_out(v, q, t)
+        blocks = cdiv(self.tokens, bt) * ncol
+        groups = prog.groups([Band(blocks, None, (v.body(),))], chip.aiv.count)
+        return Trace(self.name, chip.name, self.shape, groups, 0.0, self.work().hbm_bytes, prog.buffers(),
+                     {"tile_tokens": bt, "tile_cols": bc, "tiles": blocks} | prog.tiling(), dtype="bf16")
 
 
 # ------------------------------------------------------------------------------------------------------ kernels
@@ -230,7 +293,7 @@ class Rope(Tiled):
     and half (the V3.2 indexer, models.md §1.3 [DS32-fix])."""
 
     name: ClassVar[str] = "rope"
-    options: ClassVar[tuple[str, ...]] = ("layout",)
+    options: ClassVar[tuple[str, ...]] = ("layout", "buffering")
     tokens: int
     heads: int = 1
     dim: int = 64
@@ -288,7 +351,7 @@ class Quantise(Tiled):
     in int8 / fp8 / mxfp8 / mxfp4 and scales [rows, elements/block] (amax / max of the format; MX: power of two)."""
 
     name: ClassVar[str] = "quantise"
-    options: ClassVar[tuple[str, ...]] = ("dtype", "block")
+    options: ClassVar[tuple[str, ...]] = ("dtype", "block", "buffering")
     rows: int
     elements: int
     dtype: str = "int8"

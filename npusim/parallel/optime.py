@@ -7,10 +7,9 @@ with the op's query-key pairs; norms onto the row-wise vector kernel; every othe
 same name (KERNEL_OF lists the exceptions).
 
 How the step runs an op (`OpRun`) acts on the mechanism it names: the plan's kernel options become the kernel's
-tiling; a buffering depth is the depth of the kernel's double-buffered queues (kernels on the tile-program layer,
-npusim.kernels.program) or, for the kernels still written with hand-named flags, rewrites the trace's slot
-semaphores (`buffered`); a core partition simulates the kernel on that many
-cores with their share of HBM and L2; a fused group's intermediates are read from / written to L2 instead of HBM.
+tiling; a buffering depth is the depth of the kernel's double-buffered queues (npusim.kernels.program); a core
+partition simulates the kernel on that many cores with their share of HBM and L2; a fused group's intermediates are
+read from / written to L2 instead of HBM.
 """
 
 from __future__ import annotations
@@ -27,10 +26,10 @@ from pathlib import Path
 from npusim.engine.result import launch_cost, simulate
 from npusim.graph.ops import Op
 from npusim.errors import NpusimError, did_you_mean
-from npusim.kernels.base import KERNELS, Kernel, capacity
+from npusim.kernels.base import KERNELS, Kernel
 from npusim.kernels.catalog import kernel
 from npusim.kernels.rowwise import ROW_OPS as ROWWISE_OPS
-from npusim.kernels.trace import Instr, Loop, Node, Program, Trace, check_fits
+from npusim.kernels.trace import Instr, Loop, Node, Program, Trace
 from npusim.spec.chip import Chip
 from npusim.spec.plan import KernelOptions
 
@@ -207,29 +206,9 @@ ACTIVATION_INPUT = {"gemm": "a", "grouped_gemm": "a", "rowwise": "x"}
 
 
 def kernel_trace(k: Kernel, chip: Chip, buffering: int = 0) -> Trace:
-    """The trace an op runs: the kernel's tiling at the plan's buffering depth (0 = the kernel as written). A kernel
-    with a `buffering` option (written on the tile-program layer) takes it as the depth of its double-buffered
-    queues, its buffer use their depth times their slots; the others get their trace rewritten (`buffered`)."""
-    if buffering and "buffering" in type(k).options:
-        return dataclasses.replace(k, buffering=buffering).trace(chip)
-    return buffered(k.trace(chip), buffering, chip)
-
-
-def buffered(trace: Trace, depth: int, chip: Chip) -> Trace:
-    """The old path, for kernels that still name their flags by hand (attention, the row-wise and
-    vector kernels): every double-buffered slot (a 'free' semaphore starting at 2) `depth` deep: 1 = single
-    buffering (the producer waits until the consumer has drained the one slot), 3 = triple. Buffer use scales with
-    the depth (an upper bound where a level also holds single-buffered tiles); a depth that does not fit is refused.
-    0 keeps the kernel as written."""
-    if not depth:
-        return trace
-    groups = tuple(dataclasses.replace(g, flags={n: depth if "free" in n and c == 2 else c for n, c in g.flags.items()})
-                   for g in trace.groups)
-    t = dataclasses.replace(trace, groups=groups, buffers={lvl: used * max(1.0, depth / 2)
-                                                           for lvl, used in trace.buffers.items()},
-                            tiling={**trace.tiling, "buffering": depth})
-    check_fits(t, capacity(chip))
-    return t
+    """The trace an op runs: the kernel's tiling at the plan's buffering depth, the depth of its double-buffered
+    queues (0 = the kernel as written; every kernel is written on the tile-program layer)."""
+    return (dataclasses.replace(k, buffering=buffering) if buffering else k).trace(chip)
 
 
 def on_chip(trace: Trace, input_name: str, inputs: bool, outputs: bool) -> Trace:
