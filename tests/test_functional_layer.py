@@ -25,6 +25,15 @@ def test_traced_execution_matches_float64(name):
         assert e.exact in (None, True)
 
 
+@pytest.mark.parametrize("t,h,d", [(7, 4, 64), (1, 5, 64), (100, 3, 32)])
+def test_cann_rope_cut_gives_the_same_arrays(t, h, d):
+    """A copy per head (strided rows, tail steps clipped) computes exactly what the fused cut does."""
+    rng = np.random.default_rng(t)  # its own draws: the module's RNG feeds the tests below
+    x, pos = rng.standard_normal((t, h, d)), rng.integers(0, 100000, t)
+    for il in (True, False):
+        assert np.array_equal(F.rope(x, pos, interleaved=il, head_loop=1), F.rope(x, pos, interleaved=il))
+
+
 def test_quantisation_round_trip_is_the_formats_own_error():
     errs = {e.scheme: e.max_rel for e in verify.verify_quantise({}, RNG)}
     assert errs["int8"] < 0.01 and errs["fp8"] < 0.05 and errs["mxfp8"] < 0.05 and errs["mxfp4"] < 0.2

@@ -17,6 +17,8 @@ OP_SHAPES = [  # the op graph's shape keys (npusim/graph/builder.py), prefill an
     ("moe_gate", {"m": 4096, "k": 7168, "n": 256, "topk": 8, "hash": 0, "groups": 8}),
     ("moe_gate", {"m": 16, "k": 4096, "n": 256, "topk": 6, "hash": 1, "groups": 1}),
     ("rope", {"tokens": 4096, "heads": 129, "dim": 64}),
+    ("rope", {"tokens": 4096, "heads": 64, "dim": 128, "layout": "half", "head_loop": 1}),
+    ("rope", {"tokens": 1, "heads": 32, "dim": 128, "head_loop": 1}),
     ("quantise", {"rows": 4096, "elements": 576}),
     ("dequantise", {"rows": 8, "elements": 7168, "dtype": "mxfp4"}),
     ("swiglu", {"rows": 4096, "width": 2048, "clamp": 10}),
@@ -62,6 +64,20 @@ def test_vector_tiles_split_the_wide_axis_when_tokens_are_few(chip):
     t = catalog.kernel("mhc_post", {"tokens": 8}).trace(chip)
     assert t.tiling["tile_tokens"] == 1 and t.tiling["tiles"] >= chip.aiv.count
     assert t.tiling["tile_cols"] * 2 % 512 == 0  # 512 B aligned column tiles (HcPost tiling)
+
+
+def test_cann_rope_pays_a_copy_per_head_not_per_byte(chip):
+    """aclnnRotaryPositionEmbedding's cut: with cos broadcast over heads each head's rows are their own DMA, so the
+    time follows the heads and stays flat over tokens (one line per core) and head size (kernels.md K188-K192)."""
+    def t(**shape):
+        return simulate(catalog.kernel("rope", {"layout": "half", "head_loop": 1, **shape}).trace(chip), chip,
+                        launch="device").time
+    flat = [t(tokens=n, heads=64, dim=128) for n in (4, 32)] + [t(tokens=4, heads=64, dim=512)]
+    assert max(flat) / min(flat) < 1.05
+    assert t(tokens=4, heads=64, dim=128) > 1.8 * t(tokens=4, heads=32, dim=128) - t(tokens=1, heads=1, dim=128)
+    fused = simulate(catalog.kernel("rope", {"tokens": 4, "heads": 64, "dim": 128}).trace(chip), chip,
+                     launch="device").time
+    assert flat[0] > 2 * fused  # the fused cut moves a token's heads in one copy
 
 
 def test_bad_shapes_are_plain_errors(chip):

@@ -50,13 +50,14 @@ def mhc_post(x: np.ndarray, f: np.ndarray, post: np.ndarray, res: np.ndarray,
 
 
 def rope(x: np.ndarray, positions: np.ndarray, theta: float = 10000.0, interleaved: bool = True,
-         chip: str | Chip = "910b2") -> np.ndarray:
-    """x [T, H, D] rotated by position: pairs (2i, 2i+1) when interleaved (MLA) else (i, i + D/2) (V3.2 indexer)."""
+         chip: str | Chip = "910b2", head_loop: int = 0) -> np.ndarray:
+    """x [T, H, D] rotated by position: pairs (2i, 2i+1) when interleaved (MLA) else (i, i + D/2) (V3.2 indexer);
+    `head_loop` 1: through aclnnRotaryPositionEmbedding's cut (a copy per head)."""
     T, H, D = x.shape
     ang = np.asarray(positions, float)[:, None] * theta ** (-np.arange(0, D, 2) / D)[None]
     t = {"x": rnd(x.reshape(T * H, D), "bf16"), "cos": rnd(np.cos(ang), "fp32"), "sin": rnd(np.sin(ang), "fp32"),
          "out": np.zeros((T * H, D))}
-    kern = vector.Rope(T, H, D, "interleaved" if interleaved else "half")
+    kern = vector.Rope(T, H, D, "interleaved" if interleaved else "half", head_loop=head_loop)
     return _run(kern, t, chip)["out"].reshape(T, H, D)
 
 

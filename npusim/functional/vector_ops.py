@@ -42,6 +42,25 @@ def rope(x, cos, sin, shape, heads, interleaved, **_):
 
 
 @op
+def rows_every(x, shape, first, step, **_):
+    """Rows first, first + step, ... of x (a DMA with a source stride: one head's rows of token-major heads), zero
+    rows past its end."""
+    rows = x[first::step][:shape[0]]
+    out = np.zeros((shape[0], x.shape[1]))
+    out[:len(rows)] = rows
+    return out
+
+
+@op
+def place_every(table, rows, shape, first, step, **_):
+    """The table with rows placed at first, first + step, ... (a DMA with a destination stride); clipped at its end."""
+    out = table.copy()
+    n = min(len(range(first, out.shape[0], step)), rows.shape[0])
+    out[first:first + n * step:step] = rows[:n]
+    return out
+
+
+@op
 def quant_scale(x, shape, elem, block, scale_fmt, **_):
     return quantize(x, elem, 1, block, "e8m0" if scale_fmt == "e8m0" else "fp32")[1]
 

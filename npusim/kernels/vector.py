@@ -25,7 +25,7 @@ from typing import ClassVar
 from npusim.errors import NpusimError
 from npusim.kernels.base import Band, Kernel, Work, cdiv, nbytes, register
 from npusim.kernels.program import AIV, Code, Queue, TileProgram, stage
-from npusim.kernels.tile import Act, Ref, lin
+from npusim.kernels.tile import Act, Lin, Ref, lin
 from npusim.kernels.trace import Trace
 from npusim.spec.chip import Chip
 
@@ -285,19 +285,74 @@ class MhcPost(Tiled):
 ROPE_LAYOUTS = ("interleaved", "half")
 
 
+@dataclass(frozen=True)
+class HeadLines:
+    """The cut of aclnnRotaryPositionEmbedding (ops-transformer posembedding/rotary_position_embedding, RotateHalf
+    tiling): the lines are the tokens when a token's cos / sin row is broadcast over its heads (x [T, 1, N, D],
+    cos [T, 1, 1, D]: its SBND mode), else (one token: BND mode) the heads; a core takes `s` lines per step, and in
+    broadcast mode copies each head's `s` rows in and out on their own (a strided DMA per head)."""
+
+    s: int  # lines per step
+    tokens: int
+    heads: int
+    dim: int
+
+    @property
+    def broadcast(self) -> bool:
+        return self.tokens > 1
+
+    @property
+    def rows(self) -> int:
+        """Rows of x one copy moves: one head of `s` tokens, or `s` heads of the one token."""
+        return self.s
+
+    @property
+    def inner(self) -> int:
+        """Copies per step: every head in broadcast mode, one otherwise."""
+        return self.heads if self.broadcast else 1
+
+    def first(self, h) -> Lin:
+        """First row of x (token-major heads) of head `h`'s copy in step 'tt'."""
+        if self.broadcast:
+            return lin(("tt", self.s * self.heads), ("h", 1)) if isinstance(h, str) else \
+                lin(("tt", self.s * self.heads), base=h)
+        return lin(("tt", self.s))
+
+    @property
+    def step(self) -> int:
+        return self.heads if self.broadcast else 1
+
+    def table(self, name: str) -> Ref:
+        half = self.dim // 2
+        if self.broadcast:
+            return Ref(name, (lin(("tt", self.s)), 0), (self.s, half), (self.tokens, half))
+        return Ref(name, (0, 0), (1, half))
+
+    @property
+    def table_rows(self) -> int:
+        return self.s if self.broadcast else 1
+
+
 @register
 @dataclass(frozen=True)
 class Rope(Tiled):
     """Rotary embedding of `dim` dims of `heads` vectors per token: x [tokens*heads, dim], cos / sin
     [tokens, dim/2] (the token's position) -> out. Pairs are (2i, 2i+1) interleaved (MLA) or (i, i + dim/2) half
-    and half (the V3.2 indexer, models.md §1.3 [DS32-fix])."""
+    and half (the V3.2 indexer, models.md §1.3 [DS32-fix]).
+
+    `head_loop=1` is the tiling of CANN's aclnnRotaryPositionEmbedding (`HeadLines`): a step's cos / sin rows come
+    once, then each head's rows go MTE2 -> vector -> MTE3 on their own, so a step costs a DMA start-up per head
+    however few bytes it moves (the op's flat ~19 us from 4 to 64 tokens, kernels.md K188-K192). Its interleaved
+    kernel loads a token's heads at once but broadcasts cos and sin over them with a UB copy per head: the same
+    chain of per-head copies, timed here as the half kernel's (estimate: same count of short copies)."""
 
     name: ClassVar[str] = "rope"
-    options: ClassVar[tuple[str, ...]] = ("layout", "buffering")
+    options: ClassVar[tuple[str, ...]] = ("layout", "buffering", "head_loop")
     tokens: int
     heads: int = 1
     dim: int = 64
     layout: str = "interleaved"
+    head_loop: int = 0  # 1 = aclnnRotaryPositionEmbedding's cut (lines over cores, a copy per head)
 
     @property
     def wide(self) -> int:
@@ -317,6 +372,103 @@ class Rope(Tiled):
     def steps(self) -> tuple[Step, ...]:  # 3 FLOP per element: two multiplies and an add (as the op graph counts)
         return (Step("rope", self.outputs()[0], ("x", "cos", "sin"), 3.0 * self.heads * self.dim,
                      (("heads", self.heads), ("interleaved", self.layout == "interleaved"))),)
+
+    # ------------------------------------------------------------------ aclnnRotaryPositionEmbedding's cut
+    def _line_bytes(self, s: int) -> float:
+        """UB of a step of `s` lines: cos / sin rows and x / out rows double-buffered, the fp32 result beside."""
+        c = HeadLines(s, self.tokens, self.heads, self.dim)
+        return 2 * (2 * 4.0 * c.table_rows * self.dim // 2 + 2 * 2.0 * c.rows * self.dim) + 4.0 * c.rows * self.dim
+
+    def lines(self, chip: Chip) -> HeadLines:
+        """Lines split evenly over the vector cores, as many per step as fit UB (RotateHalf's storeSLines)."""
+        lines = self.tokens if self.tokens > 1 else self.heads
+        s = cdiv(lines, min(lines, chip.aiv.count))
+        while s > 1 and self._line_bytes(s) > chip.aiv.buffers.ub:
+            s = cdiv(s, 2)
+        return HeadLines(s, self.tokens, self.heads, self.dim)
+
+    @stage
+    def copy_tables(self, v: Code, tables: Queue, c: HeadLines) -> None:
+        """MTE2 (CopyInR): the step's cos and sin rows."""
+        v.alloc(tables)
+        for name in ("cos", "sin"):
+            v.op("mte2", f"load_{name}", Act("load", Ref(f"ub.{name}", (0, 0), (c.table_rows, self.dim // 2)),
+                                             (c.table(name),), "fp32"),
+                 bytes=4.0 * c.table_rows * self.dim // 2, dtype="fp32", src="gm", dst="ub")
+        v.enque(tables)
+
+    @stage
+    def sign_tables(self, v: Code, tables: Queue, c: HeadLines) -> None:
+        """Vector (SinCompute): sin's sign flipped for the rotated half once per step (functionally the table)."""
+        v.deque(tables)
+        ub = Ref("ub.sin", (0, 0), (c.table_rows, self.dim // 2))
+        v.op("vector", "sin_sign", Act("load", ub, (ub,), "fp32"), flops=c.table_rows * self.dim / 2,
+             bytes=2.0 * c.table_rows * self.dim, dtype="fp32", src="ub", dst="ub")
+
+    @stage
+    def copy_in_head(self, v: Code, q: Queues, c: HeadLines, h) -> None:
+        """MTE2 (CopyInX): the copy's rows of x, strided by the heads in broadcast mode."""
+        v.alloc(q.inq)
+        act = Act("rows_every", Ref("ub.x", (0, 0), (c.rows, self.dim)), (Ref("x", (0, 0), (-1, -1)),), "bf16",
+                  (("first", c.first(h)), ("step", c.step)))
+        v.op("mte2", "load_x", act, bytes=2.0 * c.rows * self.dim, dtype="bf16", src="gm", dst="ub")
+        v.enque(q.inq)
+
+    @stage
+    def compute_head(self, v: Code, q: Queues, tables: Queue, c: HeadLines, last: bool) -> None:
+        """Vector: the rotation of the copy's rows; the step's tables are freed after its last head."""
+        v.deque(q.inq)
+        v.alloc(q.outq)
+        ins = tuple(Ref(f"ub.{n}", (0, 0), (-1, -1)) for n in ("x", "cos", "sin"))
+        heads = 1 if c.broadcast else c.rows
+        v.op("vector", "rope", Act("rope", Ref("ub.out", (0, 0), (c.rows, self.dim)), ins, "bf16",
+                                   (("heads", heads), ("interleaved", self.layout == "interleaved"))),
+             flops=3.0 * c.rows * self.dim, bytes=4.0 * c.rows * self.dim, dtype="fp32", src="ub", dst="ub")
+        v.free(q.inq)
+        if last:
+            v.free(tables)
+        v.enque(q.outq)
+
+    @stage
+    def copy_out_head(self, v: Code, q: Queues, c: HeadLines, h) -> None:
+        """MTE3 (CopyOut): the rows back to their places in out."""
+        v.deque(q.outq)
+        whole = Ref("out", (0, 0), (-1, -1))
+        act = Act("place_every", whole, (whole, Ref("ub.out", (0, 0), (c.rows, self.dim))), "bf16",
+                  (("first", c.first(h)), ("step", c.step)))
+        v.op("mte3", "store_out", act, bytes=2.0 * c.rows * self.dim, dtype="bf16", src="ub", dst="gm")
+        v.free(q.outq)
+
+    def build(self, chip: Chip) -> Trace:
+        if not self.head_loop:
+            return super().build(chip)
+        self.inputs()  # checks the layout
+        c = self.lines(chip)
+        prog = TileProgram(self.name, chip, self.buffering)
+        tables = prog.queue("tables", (AIV, "mte2"), (AIV, "vector"), depth=2,
+                            slot={"ub": 2 * 4.0 * c.table_rows * self.dim // 2})
+        xbytes = {"ub": 2.0 * c.rows * self.dim}
+        q = Queues(prog.queue("in", (AIV, "mte2"), (AIV, "vector"), depth=2, slot=xbytes),
+                   prog.queue("out", (AIV, "vector"), (AIV, "mte3"), depth=2, slot=xbytes))
+        prog.reserve("ub", 4.0 * c.rows * self.dim)
+        v = prog.code(AIV)
+        v.addr(tt=lin(("blk", 1)))
+        self.copy_tables(v, tables, c)
+        self.sign_tables(v, tables, c)
+        if c.inner > 1:
+            with v.loop(c.inner - 1, "h"):
+                self.head(v, q, tables, c, "h", False)
+        self.head(v, q, tables, c, c.inner - 1, True)
+        blocks = cdiv(self.tokens if c.broadcast else self.heads, c.s)
+        groups = prog.groups([Band(blocks, None, (v.body(),))], chip.aiv.count)
+        return Trace(self.name, chip.name, self.shape, groups, 0.0, self.work().hbm_bytes, prog.buffers(),
+                     {"head_loop": 1, "lines_per_step": c.s, "steps": blocks} | prog.tiling(), dtype="bf16")
+
+    def head(self, v: Code, q: Queues, tables: Queue, c: HeadLines, h, last: bool) -> None:
+        """One head's copy in, rotation and copy out (`h`: the loop variable, or the last head's index)."""
+        self.copy_in_head(v, q, c, h)
+        self.compute_head(v, q, tables, c, last)
+        self.copy_out_head(v, q, c, h)
 
 
 @dataclass(frozen=True)
