@@ -70,6 +70,7 @@ FITS: dict[str, tuple[str, ...]] = {
     "K136": ("overheads.task_dispatch (910b2 family, from the raw profile)",),
     "K187": ("overheads.core_start (910b2 family)",), "K195": ("overheads.core_start (910b2 family)",),
     "K116": ("overheads.core_start (950pr)",),
+    "K196": ("aiv.pipes.scalar ub>ub:fp8e4m3 route (910b2 family, derived from the row's profile)",),
     "K199": ("hccl.aiv_setup (atlas-800-a3)",), "K200/7KB": ("hccl.aiv_setup (atlas-800-a3)",),
     "K200/14KB": ("hccl.aiv_setup (atlas-800-a3)",), "K203/1.3MB": ("hccl.aicpu_setup (atlas-800-a3)",),
     "K204/40MB": ("hccl.efficiency (atlas-800-a3)",),

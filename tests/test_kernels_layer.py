@@ -80,6 +80,21 @@ def test_cann_rope_pays_a_copy_per_head_not_per_byte(chip):
     assert flat[0] > 2 * fused  # the fused cut moves a token's heads in one copy
 
 
+def test_fp8_quantise_converts_on_the_scalar_pipe_where_the_vector_unit_cannot():
+    """dav-c220 has no vector cast to fp8 / fp4 (kernels.md K196: 97.6 % scalar): the conversion runs element by
+    element on the scalar pipe, between the vector step and the store; the 950 converts on its vector unit."""
+    def run(chip_name, dtype):
+        c = load_chip(chip_name)
+        t = catalog.kernel("quantise", {"rows": 512, "elements": 128, "dtype": dtype, "block": 128}).trace(c)
+        return t, simulate(t, c, launch="device")
+    t, fp8 = run("910b2", "fp8")
+    assert fp8.bound == "scalar" and any(i.op == "convert_q" for _, i, _ in t.instructions())
+    assert fp8.time > 5 * run("910b2", "int8")[1].time
+    t950, r950 = run("950pr", "fp8")
+    assert not any(i.pipe == "scalar" and i.op.startswith("convert") for _, i, _ in t950.instructions())
+    assert r950.bound != "scalar"
+
+
 def test_bad_shapes_are_plain_errors(chip):
     with pytest.raises(NpusimError, match="mix"):
         catalog.kernel("mhc_pre", {"tokens": 4, "mix": 7}).trace(chip)

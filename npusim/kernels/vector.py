@@ -2,10 +2,14 @@
 the embedding gather and the cache-row scatter.
 
 One mechanism (`Tiled`): the op's GM operands are cut into tiles of `bt` tokens x `bc` columns of the op's wide axis
-(hidden, or a row's elements); each AIV takes tiles in waves: MTE2 brings the tile's inputs into UB, a short list of
-vector steps computes in fp32, MTE3 writes the outputs; inputs and outputs are double-buffered so the DMA of one
-tile hides behind the vector work of the other. Operands that are small per token (mixing weights, scales, rotary
-tables) come whole with each tile. A kernel says only its operands, its steps and their FLOPs per token.
+(hidden, or a row's elements); the tokens are split evenly over the AIVs as CANN's vector ops split rows over their
+block dim (former / tail cores: ceil(T / cores) each), a core's share cut into the fewest equal tiles that fit UB.
+MTE2 brings a tile's inputs into UB, a short list of vector steps computes in fp32, MTE3 writes the outputs; inputs
+and outputs are double-buffered so the DMA of one tile hides behind the vector work of the other. Operands that are
+small per token (mixing weights, scales, rotary tables) come whole with each tile. A kernel says only its operands,
+its steps and their FLOPs per token. An output in an element format the chip's vector unit cannot convert to (fp8 /
+fp4 on dav-c220: its scalar pipe has a `ub>ub:<format>` route) passes through a `convert` stage on the scalar pipe,
+element by element, between the vector steps and the store (kernels.md K196: 97.6 % scalar).
 
 When the tokens are few (decode) the wide axis is split as well so every vector core has work, but no tile moves
 less than 4 KB and column tiles stay 512 B aligned (HcPost tiling, models.md §2.5 [CRI deepseek_v4_mHC_guide.md]).
@@ -32,7 +36,6 @@ from npusim.spec.chip import Chip
 MIN_TILE_BYTES = 4096  # least data a tile moves when the wide axis is split (HcPost tiling, models.md §2.5 [CRI])
 COL_ALIGN_BYTES = 512  # column tiles 512 B aligned (same source)
 MIN_COL_BYTES = 1024  # and at least 1 KB of a row (same source)
-TILE_TOKENS = (64, 32, 16, 8, 4, 2, 1)
 FORMATS = {"fp8e4m3": 1.0, "fp8e5m2": 1.0, "fp4e2m1": 0.5, "e8m0": 1.0}  # element formats beside the chip's dtypes
 EXACT = {"e8m0": ""}  # power-of-two scales are stored exactly (no rounding step)
 
@@ -112,10 +115,12 @@ class Tile:
 
 @dataclass(frozen=True)
 class Queues:
-    """A tile's UB buffers: its inputs (MTE2 -> vector) and its outputs (vector -> MTE3)."""
+    """A tile's UB buffers: its inputs (MTE2 -> vector) and its outputs (vector -> MTE3, through the scalar pipe
+    when it converts some of them: `soft`)."""
 
     inq: Queue
     outq: Queue
+    soft: tuple[str, ...] = ()  # outputs whose element format the scalar pipe converts in software
 
 
 @dataclass(frozen=True)
@@ -142,6 +147,12 @@ class Tiled(Kernel):
         io = sum(mem(o.dtype, self.tokens * o.per, o.cols) for o in self.inputs() + self.outputs())
         return Work(0.0, io, vector_flops=self.tokens * sum(s.flops for s in self.steps()))
 
+    def soft(self, chip: Chip) -> tuple[str, ...]:
+        """Outputs in an element format the chip's vector unit cannot convert to: the scalar pipe converts them
+        element by element at its `ub>ub:<format>` route (fp8 / fp4 on dav-c220, which has no such cast)."""
+        routes = chip.aiv.pipes["scalar"].routes
+        return tuple(o.name for o in self.outputs() if f"ub>ub:{o.dtype}" in routes)
+
     # ------------------------------------------------------------------ tiling
     def _io(self, operands: tuple[Operand, ...], bt: int, bc: int) -> float:
         return sum(mem(o.dtype, bt * o.per, bc if o.split else o.cols) for o in operands)
@@ -156,13 +167,17 @@ class Tiled(Kernel):
         return io, 2 * io + self._work_bytes(bt, bc)
 
     def tile(self, chip: Chip) -> tuple[int, int]:
-        """Most tokens per tile that fit UB with whole rows; with fewer tiles than vector cores, one token per tile
-        and the wide axis split into aligned column tiles (at least 1 KB of a row, 4 KB moved per tile)."""
+        """Tokens split evenly over the vector cores (CANN's former / tail cores: a core takes ceil(T / cores)), a
+        core's share cut into the fewest equal tiles that fit UB with whole rows; with fewer tokens than vector
+        cores, one token per tile and the wide axis split into aligned column tiles (at least 1 KB of a row, 4 KB
+        moved per tile)."""
         ub, cores, W = chip.aiv.buffers.ub, chip.aiv.count, self.wide
-        bt = next((b for b in TILE_TOKENS if b <= self.tokens and self._bytes(b, W)[1] <= ub
-                   and cdiv(self.tokens, b) >= cores), 0)
-        if bt:
-            return bt, W
+        share = cdiv(self.tokens, cores)
+        fit = min(share, int(ub // self._bytes(1, W)[1]))
+        while fit and self._bytes(fit, W)[1] > ub:
+            fit -= 1
+        if self.tokens >= cores and fit:
+            return cdiv(share, cdiv(share, fit)), W
         split = [mem(o.dtype, 1) for o in self.inputs() + self.outputs() if o.split]
         if not split:  # nothing to cut along the wide axis: one token per tile
             return 1, W
@@ -213,6 +228,18 @@ class Tiled(Kernel):
             v.op("vector", s.op, act, flops=s.flops * t.bt * (t.bc / t.W if s.out.split else 1.0),
                  bytes=4.0 * t.bt * s.out.per * cols, dtype="fp32", src="ub", dst="ub")
         v.free(q.inq)
+        v.enque(q.outq, to="scalar" if q.soft else "")
+
+    @stage
+    def convert(self, v: Code, q: Queues, t: Tile) -> None:
+        """Scalar: the software conversion of the `soft` outputs, element by element, in place in the out buffer
+        (functionally the rounding the vector step's action already applied, so the arrays are those of a chip that
+        converts on its vector unit)."""
+        v.deque(q.outq, at="scalar")
+        for o in self.outputs():
+            if o.name in q.soft:
+                v.op("scalar", f"convert_{o.name}", Act("load", t.ub(o), (t.ub(o),), rnd_as(o.dtype)),
+                     bytes=mem(o.dtype, t.bt * o.per, t.cols(o)), dtype=o.dtype, src="ub", dst="ub")
         v.enque(q.outq)
 
     @stage
@@ -235,15 +262,18 @@ class Tiled(Kernel):
         bt, bc = self.tile(chip)
         t, ncol = Tile(bt, bc, self.tokens, self.wide), cdiv(self.wide, bc)
         prog = TileProgram(self.name, chip, self.buffering)
+        soft = self.soft(chip)
+        out = ((AIV, "vector"),) + (((AIV, "scalar"),) if soft else ()) + ((AIV, "mte3"),)
         q = Queues(prog.queue("in", (AIV, "mte2"), (AIV, "vector"), depth=2,
                               slot={"ub": self._io(self.inputs(), bt, bc)}),
-                   prog.queue("out", (AIV, "vector"), (AIV, "mte3"), depth=2,
-                              slot={"ub": self._io(self.outputs(), bt, bc)}))
+                   prog.queue("out", *out, depth=2, slot={"ub": self._io(self.outputs(), bt, bc)}), soft)
         prog.reserve("ub", self._work_bytes(bt, bc))
         v = prog.code(AIV)
         v.addr(tt=lin(("blk", 1), div=ncol), ct=lin(("blk", 1), mod=ncol))
         self.copy_in(v, q, t)
         self.compute(v, q, t)
+        if soft:
+            self.convert(v, q, t)
         self.copy_out(v, q, t)
         blocks = cdiv(self.tokens, bt) * ncol
         groups = prog.groups([Band(blocks, None, (v.body(),))], chip.aiv.count)
