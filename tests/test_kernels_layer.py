@@ -100,6 +100,8 @@ def test_bad_shapes_are_plain_errors(chip):
         catalog.kernel("mhc_pre", {"tokens": 4, "mix": 7}).trace(chip)
     with pytest.raises(NpusimError, match="layout"):
         catalog.kernel("rope", {"tokens": 4, "layout": "diagonal"}).trace(chip)
+    with pytest.raises(NpusimError, match="head_loop"):
+        catalog.kernel("rope", {"tokens": 4, "head_loop": 2}).trace(chip)
     with pytest.raises(NpusimError, match="quantisation"):
         catalog.kernel("quantise", {"rows": 4, "elements": 64, "dtype": "int3"}).trace(chip)
     with pytest.raises(NpusimError, match="groups"):

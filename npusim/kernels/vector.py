@@ -392,6 +392,9 @@ class Rope(Tiled):
         if self.layout not in ROPE_LAYOUTS or self.dim % 2:
             raise NpusimError(f"rope: layout must be one of {', '.join(ROPE_LAYOUTS)} and dim even "
                               f"(got {self.layout}, {self.dim})", field="layout")
+        if self.head_loop not in (0, 1):
+            raise NpusimError(f"rope: head_loop must be 0 (a token's heads in one copy) or 1 (a copy per head, "
+                              f"aclnnRotaryPositionEmbedding's cut), got {self.head_loop}", field="head_loop")
         half = self.dim // 2
         return (Operand("x", self.heads, self.dim, "bf16", False), Operand("cos", 1, half, "fp32", False),
                 Operand("sin", 1, half, "fp32", False))
