@@ -120,8 +120,8 @@ def test_hbm_is_shared_not_multiplied():
     many = simulate(stream(24, 64e6), CHIP, launch="none")
     mte2 = CHIP.aic.pipes["mte2"]
     loads = int(64e6 // 65536)  # back to back: only the first load's latency shows
-    expected = (mte2.latency_cycles + loads * 65536 / mte2.bytes_per_cycle) / CHIP.clock
-    assert one.time == pytest.approx(expected, rel=1e-6)  # one core: its own pipe limits
+    expected = (mte2.latency_cycles + loads * 65536 / mte2.routes["hbm>l1"]) / CHIP.clock
+    assert one.time == pytest.approx(expected, rel=1e-6)  # one core: its own DMA stream from HBM limits
     hbm = CHIP.hbm.bandwidth * CHIP.efficiency.hbm
     assert many.time == pytest.approx(24 * 64e6 / hbm, rel=0.02)  # 24 cores: HBM saturates
     assert many.bound == "hbm" and many.servers["hbm"] == pytest.approx(1.0, rel=0.02)
@@ -194,11 +194,13 @@ def test_never_faster_than_roofline(shape, hit, depth):
 
 @knobs
 @given(shapes, st.sampled_from(["hbm.bandwidth", "l2.read_bandwidth", "aic.pipes.mte2.bytes_per_cycle",
-                                "efficiency.cube", "aic.cube.flop_per_cycle.fp16"]), st.floats(1.0, 3.0))
+                                "aic.pipes.mte2.routes.hbm>l1", "efficiency.cube",
+                                "aic.cube.flop_per_cycle.fp16"]), st.floats(1.0, 3.0))
 def test_more_bandwidth_or_compute_is_never_slower(shape, field, factor):
     base = dataclasses.replace(CHIP)
     value = {"hbm.bandwidth": CHIP.hbm.bandwidth, "l2.read_bandwidth": CHIP.l2.read_bandwidth,
              "aic.pipes.mte2.bytes_per_cycle": CHIP.aic.pipes["mte2"].bytes_per_cycle,
+             "aic.pipes.mte2.routes.hbm>l1": CHIP.aic.pipes["mte2"].routes["hbm>l1"],
              "efficiency.cube": CHIP.efficiency.cube, "aic.cube.flop_per_cycle.fp16": 8192}[field]
     new = min(value * factor, 1.0) if field.startswith("efficiency") else value * factor
     unit = {"hbm.bandwidth": "B/s", "l2.read_bandwidth": "B/s"}.get(field, "")

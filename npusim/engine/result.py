@@ -4,8 +4,9 @@ Launch cost, added to the engine's time of the trace (the cores' busy span), by 
   * device: one standalone launch as msprof's Task Duration counts it: the task's dispatch onto its cores and its
     completion (`overheads.task_dispatch`, measured from raw profiles) and a core's prologue before its first tile
     (`overheads.core_start`: kernel entry, arguments and tiling data read from GM). Cores start in parallel, so
-    the prologue counts once. Prologues a kernel writes itself (initialising outputs, an all-core barrier) belong
-    to its tiling, not here.
+    the prologue counts once. A MIX kernel (a group running both an AIC and AIV programs) starts three cores per
+    block and pays `overheads.mix_start` more. Prologues a kernel writes itself (initialising outputs, an all-core
+    barrier) belong to its tiling, not here.
   * eager / graph: what a model step pays per kernel launched from the host one by one or from a captured graph
     (`overheads.kernel_launch` / `graph_launch`, fitted to published serving rows; they stand for the host's
     enqueue and the device-side costs above together).
@@ -93,12 +94,18 @@ def roofline(trace: Trace, chip: Chip) -> tuple[float, str]:
     return terms[bound], bound
 
 
-def launch_cost(chip: Chip, mode: str) -> float:
+def launch_cost(chip: Chip, mode: str, mix: bool = False) -> float:
+    """Seconds a launch adds in `mode`; `mix`: the kernel runs on AICs and AIVs together (see the module)."""
     if mode not in LAUNCH_MODES:
         raise NpusimError(f"launch mode '{mode}' is not one of {', '.join(LAUNCH_MODES)}")
     o = chip.overheads
-    return {"eager": o.kernel_launch, "graph": o.graph_launch, "device": o.task_dispatch + o.core_start,
-            "none": 0.0}[mode]
+    device = o.task_dispatch + o.core_start + (o.mix_start if mix else 0.0)
+    return {"eager": o.kernel_launch, "graph": o.graph_launch, "device": device, "none": 0.0}[mode]
+
+
+def is_mix(trace: Trace) -> bool:
+    """A MIX kernel: some AI core runs both its AIC and AIV programs."""
+    return any(g.aic is not None and any(p.body for p in g.aiv) for g in trace.groups)
 
 
 def summarise(trace: Trace, chip: Chip, outcome: Outcome, launch: float) -> KernelResult:
@@ -160,7 +167,7 @@ def simulate(trace: Trace, chip: Chip, *, launch: str = "eager") -> KernelResult
     if key in _memo:
         _memo.move_to_end(key)
         return _memo[key]
-    result = summarise(trace, chip, Simulation(trace, chip).run(), launch_cost(chip, launch))
+    result = summarise(trace, chip, Simulation(trace, chip).run(), launch_cost(chip, launch, is_mix(trace)))
     _memo[key] = result
     if len(_memo) > MEMO_SIZE:
         _memo.popitem(last=False)
@@ -170,7 +177,7 @@ def simulate(trace: Trace, chip: Chip, *, launch: str = "eager") -> KernelResult
 def simulate_timeline(trace: Trace, chip: Chip, *, launch: str = "eager") -> tuple[KernelResult, Timeline]:
     """Time one kernel launch and keep every instruction's span (not memoised: for traces and debugging)."""
     outcome = Simulation(trace, chip, record=True).run()
-    cost = launch_cost(chip, launch)
+    cost = launch_cost(chip, launch, is_mix(trace))
     tracks = tuple((f"group {r.group} {r.core}" + (f" (x{r.weight})" if r.weight > 1 else ""), r.pipe)
                    for r in outcome.runners)
     return summarise(trace, chip, outcome, cost), Timeline(trace.kernel, cost, tracks, tuple(outcome.spans))

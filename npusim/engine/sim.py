@@ -14,11 +14,13 @@ Model
 * Work: CUBE takes max(flops / cube rate, operand bytes / cube feed rate); VECTOR likewise with the vector unit;
   both rates are scaled by `chip.efficiency.cube` / `.vector`. On-core copies (MTE1, FIXPIPE to L1...) move at
   their pipe's route rate. A GM read becomes two fluid flows, `hit` of its bytes through the L2 server and the
-  rest through the HBM server, a GM write one flow through HBM; each flow is capped at the issuing pipe's per-core
-  rate and the servers' bandwidths are scaled by `chip.efficiency.l2` / `.hbm` (see servers.py).
+  rest through the HBM server, a GM write one flow through HBM; the servers' bandwidths are scaled by
+  `chip.efficiency.l2` / `.hbm` (see servers.py). One core's DMA moves the hits at the pipe's GM route and the
+  misses at its `hbm>DST` route where the chip gives one (a stream waiting on HBM latency): each flow is capped so
+  that both would end together at that mixed rate.
 * An instruction named "sync_all" is the all-core barrier (AscendC SyncAll): after its own work the runner waits
-  until every runner holding a sync_all has reached one and every program without one has ended (the functional
-  executor's rule; free streams, below, excepted), then raises its sets. Folded copies count as their number.
+  until every runner holding a sync_all has reached one or ended, and every program without one has ended (the
+  functional executor's rule; free streams, below, excepted), then raises its sets. Folded copies count as their number.
 * An on-core op that raises no flag followed by one that waits on none run as one op (a chain): nothing else can
   observe the boundary, and the second's start-up hides behind the first's work exactly as when issued back to
   back. This spares an event per link and is exact; recorded runs (Chrome traces) keep every instruction.
@@ -100,8 +102,8 @@ class Flag:
 
 
 class Barrier:
-    """The all-core barrier: opens when the runners holding it have all arrived (weighted by their copies) and every
-    runner of a program without it has finished."""
+    """The all-core barrier: opens when the runners holding it have all arrived or ended (weighted by their copies)
+    and every runner of a program without it has finished."""
 
     __slots__ = ("need", "arrived", "pending", "waiters")
 
@@ -118,6 +120,11 @@ class Barrier:
 
     def finished(self, weight: int) -> None:
         self.pending -= weight
+        self.open()
+
+    def retired(self, weight: int) -> None:
+        """A runner that held barriers ended: later barriers no longer wait for it (a phase it has no part in)."""
+        self.need -= weight
         self.open()
 
     def open(self) -> None:
@@ -253,8 +260,8 @@ class Runner:
                 if stack:
                     stack[-1].pos += 1
         self.act = DONE
-        if self.unbarred and sim.barrier is not None:
-            sim.barrier.finished(self.weight)
+        if sim.barrier is not None:
+            (sim.barrier.finished if self.unbarred else sim.barrier.retired)(self.weight)
         if sim.pacer is self:
             sim.elect_pacer()
 
@@ -398,8 +405,11 @@ class Simulation:
             hbm = ins.bytes - l2
         else:
             work = ins.bytes / route
-        # the pipe's per-core rate is shared by the op's flows in proportion to their bytes
-        flows = tuple((self.servers[name], size, route * size / (hbm + l2))
+        # one core's DMA moves the L2 hits at the pipe's rate and the misses at its HBM rate, one after the other:
+        # each flow is capped so that both end together (one rate: the pipe's rate shared in proportion to bytes)
+        miss = min(route, spec.routes.get(f"hbm>{ins.dst}", math.inf) * clock) if ins.src == "gm" else route
+        span = (hbm + l2) / route if miss == route else l2 / route + hbm / miss
+        flows = tuple((self.servers[name], size, route * size / (hbm + l2) if miss == route else size / span)
                       for name, size in (("hbm", hbm), ("l2", l2)) if size > 0)
         return Op(ins.op, waits, sets, spec.latency_cycles / clock, work, flows, ins.op == "sync_all",
                   -1.0 if flows else work)

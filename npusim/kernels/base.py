@@ -69,6 +69,16 @@ def capacity(chip: Chip) -> dict[str, float]:
     return {"l1": b.l1, "l0a": b.l0a, "l0b": b.l0b, "l0c": b.l0c, "ub": chip.aiv.buffers.ub}
 
 
+def read_seconds(chip: Chip, nbytes_: float, hit: float, core: str = "aic") -> float:
+    """One core's MTE2 time for a GM read of which `hit` is served by L2: the hits at the pipe's GM->L1 rate, the
+    misses at its HBM rate (the route `hbm>l1` / `hbm>ub`, the engine's rule), shared servers aside."""
+    pipe, dst = (chip.aic, "l1") if core == "aic" else (chip.aiv, "ub")
+    mte2 = pipe.pipes["mte2"]
+    route = mte2.routes.get(f"gm>{dst}", mte2.bytes_per_cycle)
+    miss = min(route, mte2.routes.get(f"hbm>{dst}", route))
+    return nbytes_ * (hit / route + (1 - hit) / miss) / chip.clock
+
+
 def need_cube(chip: Chip, dtype: str) -> None:
     if dtype not in chip.aic.cube.flop_per_cycle:
         raise NpusimError(f"{chip.name} has no {dtype} cube mode{did_you_mean(dtype, chip.aic.cube.flop_per_cycle)}",

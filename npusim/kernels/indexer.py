@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from npusim.errors import NpusimError
-from npusim.kernels.base import Band, Kernel, Work, cdiv, capacity, nbytes, need_cube, register, scaled
+from npusim.kernels.base import (Band, Kernel, Work, cdiv, capacity, nbytes, need_cube, read_seconds, register,
+                                 scaled)
 from npusim.kernels.program import AIC, AIV, AIVS, Code, Queue, TileProgram, stage
 from npusim.kernels.tile import Act, Lin, Ref, lin
 from npusim.kernels.trace import Trace
@@ -241,9 +242,8 @@ class LightningIndexer(Kernel):
             clock * eff.cube)
         step_vec = cdiv(tb, 2) * per_key * bn / (clock * eff.vector)
         k_step, hit = nbytes(self.dtype, bn, D), 1 - 1 / nq
-        mte2 = chip.aic.pipes["mte2"]
         n = min(units, cores)
-        step_mem = max(k_step / (mte2.routes.get("gm>l1", mte2.bytes_per_cycle) * clock),
+        step_mem = max(read_seconds(chip, k_step, hit),
                        n * k_step * (1 - hit) / (chip.hbm.bandwidth * eff.hbm),
                        n * k_step * hit / (chip.l2.read_bandwidth * eff.l2))
         stream = cdiv(units, cores) * cdiv(full, splits) * max(step_cube, step_vec, step_mem)

@@ -3,9 +3,10 @@
 Measured is msprof's Task Duration: the device time of one launch (dispatch to the cores, execution, completion),
 without the host's launch cost. Predicted is the engine's time of the mapped kernel's tile trace in the `device`
 launch mode (`npusim kernel sim ... --launch device`): the trace plus the chip's `overheads.task_dispatch` and
-`overheads.core_start`, what Task Duration counts beyond the cores' work, so the two are the same kind of time. A group is the
-launches of one OP Type that map onto the same kernel and shape; its measured figure is the median of its
-launches (robust to a cold first launch), beside their mean and count. Where the profile carries msprof's pipe
+`overheads.core_start` (and `overheads.mix_start` for a MIX kernel), what Task Duration counts beyond the cores'
+work, so the two are the same kind of time. A group is the launches of one OP Type that map onto the same kernel and
+shape; its measured figure is the median of its launches (robust to a cold first launch), beside their mean and
+count. Where the profile carries msprof's pipe
 ratios (aic_mac_ratio, aiv_vec_ratio, ... with --aic-metrics PipeUtilization) their mean is shown beside the
 engine's busy fraction of the same pipe: a diagnostic of why a time differs, not a fitted quantity.
 

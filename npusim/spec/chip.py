@@ -25,7 +25,9 @@ class Pipe:
 
     bytes_per_cycle: float = quantity("number", doc="sustained data rate of the pipe per core")
     latency_cycles: float = quantity("number", minimum=0.0, strict=False, doc="fixed start-up cost per instruction")
-    routes: dict[str, float] = table(quantity("number"), default={}, doc="per source>destination rate where it differs")
+    routes: dict[str, float] = table(quantity("number"), default={},
+                                     doc="per source>destination rate where it differs; hbm>DST: the part of a GM "
+                                         "read that misses L2 (one core's DMA stream waiting on HBM latency)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,6 +99,10 @@ class Overheads:
     core_start: float = quantity("time", minimum=0.0, strict=False,
                                  doc="a core's prologue before its first tile (kernel entry, arguments and tiling "
                                      "data read from GM by the scalar unit); the cores start in parallel")
+    mix_start: float = quantity("time", minimum=0.0, strict=False,
+                                doc="the further start-up of a MIX task, which starts an AIC and its two AIVs per "
+                                    "block (KERNEL_TYPE_MIX_AIC_1_2) where an AIC-only or AIV-only task starts one "
+                                    "kind of core")
 
 
 @dataclass(frozen=True, kw_only=True)
