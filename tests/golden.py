@@ -67,6 +67,12 @@ CASES: list[tuple[str, dict, str, int]] = [
     (_GG, {"rows": 4096, "k": 7168, "n": 2048, "experts": 16}, "910c-die", 0),
     (_GG, {"rows": 1024, "k": 4096, "n": 1024, "experts": 8, "dtype": "fp8"}, "950pr", 0),
     (_GG, {"rows": 2048, "k": 7168, "n": 4096, "experts": 8}, "910c-die", 1),
+    # W8A8 MIX quant matmul: catlass tiles on one block, the split-K form, the tiler's blocks
+    ("quant_matmul", {"m": 128, "n": 256, "k": 1024, "base_m": 128, "base_n": 256, "base_k": 128, "step_k": 4,
+                      "l0c_depth": 1}, "910b3", 0),
+    ("quant_matmul", {"m": 256, "n": 1024, "k": 16384, "base_m": 128, "base_n": 256, "base_k": 128, "step_k": 4,
+                      "l0c_depth": 1, "k_split": -1}, "910b3", 0),
+    ("quant_matmul", {"m": 64, "n": 7168, "k": 1536}, "910c-die", 0),
     # the projection family: mHC pre (streaming, split K, decode), the MoE gate (groups, hash), the Compressor
     ("mhc_pre", {"tokens": 4096, "streams": 4, "hidden": 4096, "mix": 24, "sinkhorn_iters": 20}, "910c-die", 0),
     ("mhc_pre", {"tokens": 8, "streams": 4, "hidden": 7168, "mix": 4, "sinkhorn_iters": 0}, "910c-die", 0),

@@ -53,6 +53,18 @@ def _operands(a3: np.ndarray, b3: np.ndarray, dtype: str) -> dict[str, np.ndarra
     return {"a": qa, "sa": sa, "b": qb, "sb": sb}
 
 
+def quant_matmul(a: np.ndarray, b: np.ndarray, out_dtype: str = "bf16", chip: str | Chip = "910b2",
+                 **tiles: int) -> np.ndarray:
+    """W8A8: a [m, k] quantised to int8 per token (row), b [k, n] per channel (column), multiplied by the
+    quant_matmul trace (int32 on the cube, dequantised on the vector cores) -> [m, n] in out_dtype."""
+    from npusim.kernels.quant_matmul import QuantMatmul
+
+    m, k = a.shape
+    kern = QuantMatmul(m, b.shape[1], k, out_dtype, **tiles)
+    t = {"c": np.zeros((1, m, b.shape[1])), **_operands(a[None], b[None], "int8")}
+    return run(kern, t, chip)["c"][0]
+
+
 def grouped_gemm(a: np.ndarray, b: np.ndarray, counts, dtype: str = "bf16", out_dtype: str = "bf16",
                  chip: str | Chip = "910b2", **tiles: int) -> np.ndarray:
     """MoE experts: a [rows, k] sorted by expert, b [E, k, n], counts [E] rows per expert -> [rows, n] with rows of

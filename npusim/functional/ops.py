@@ -230,3 +230,15 @@ def merge_weights(lse_, *sink, shape, **_):
 def axpy(acc, w, x, shape, col, **_):
     """acc + w[:, col] x: one partial merged into the output rows."""
     return acc + w[:, col:col + 1] * x
+
+
+@op
+def mul(a, b, shape, **_):
+    """a * b, b broadcast (per-column or per-row scales)."""
+    return a * b
+
+
+@op
+def sum_slices(parts, shape, **_):
+    """The K slices of a split-K product (stacked on the first axis) summed."""
+    return parts.sum(axis=0, keepdims=True)

@@ -33,6 +33,16 @@ def verify_gemm(shape: dict, rng: np.random.Generator, schemes=("bf16", "fp16", 
     return [_err(s, F.gemm(a, b, dtype=s, out_dtype="fp32"), ref) for s in schemes]
 
 
+def verify_quant_matmul(shape: dict, rng: np.random.Generator) -> list[Error]:
+    """The W8A8 MIX kernel, streaming (one block per AIC, the dequant on the AIVs) and split-K (catlass 52's
+    factor, partials summed on the AIVs), against the float64 product of the unquantised operands."""
+    m, n, k = shape.get("m", 96), shape.get("n", 160), shape.get("k", 1200)
+    a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+    ref = R.gemm(a, b)
+    tiles = {"base_m": 32, "base_n": 64, "base_k": 64, "step_k": 2, "epilogue_rows": 16}
+    return [_err(f"int8 k_split {ks}", F.quant_matmul(a, b, "fp32", **tiles, k_split=ks), ref) for ks in (1, -1)]
+
+
 def verify_grouped_gemm(shape: dict, rng: np.random.Generator) -> list[Error]:
     e, k, n = shape.get("experts", 4), shape.get("k", 300), shape.get("n", 160)
     counts = rng.integers(0, 2 * shape.get("rows", 240) // e, e)
@@ -234,6 +244,7 @@ def verify_embedding(shape: dict, rng: np.random.Generator) -> list[Error]:
     return [_err("bf16", F.embedding(ids, table, n), ref)]
 
 
+VERIFY["quant_matmul"] = verify_quant_matmul
 VERIFY |= {"mhc_pre": verify_mhc_pre, "mhc_post": verify_mhc_post, "moe_gate": verify_moe_gate,
            "compressor": verify_compressor, "rope": verify_rope, "quantise": verify_quantise,
            "dequantise": verify_quantise, "swiglu": verify_swiglu, "moe_combine": verify_moe_combine,

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from npusim.errors import NpusimError, did_you_mean
-from npusim.kernels import attention, gemm, indexer, projection, rowwise, vector  # noqa: F401  (registration)
+from npusim.kernels import (attention, gemm, indexer, projection, quant_matmul, rowwise,  # noqa: F401  (registration)
+                            vector)
 from npusim.kernels.base import KERNELS, Kernel
 
 

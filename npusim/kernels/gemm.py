@@ -7,7 +7,14 @@ in waves. Grouped GEMM (MoE experts) is the same block body with one band of blo
 
 The block is a tile program (npusim.kernels.program): queues L1 (MTE2 -> MTE1), L0 (MTE1 -> cube) and L0C
 (cube -> FIXPIPE, `l0c_depth` deep) between the stages CopyIn, Split, Compute and CopyOut of `CubeBlock`; a plan's
-`buffering` is the depth of the double-buffered ones.
+`buffering` is the depth of the double-buffered ones. A MIX kernel (npusim.kernels.quant_matmul) hands the block to
+the AIVs through a GM workspace queue instead of writing the output.
+
+Layouts: A is stored [m, k] and B [n, k] (K contiguous, as nn.Linear weights) or [k, n] (`layout_b`), or either in
+a fractal NZ layout. Each L1 tile is one ND -> NZ DMA per operand unless the stored matrix's row stride reaches
+STRIDE_LIMIT elements: the DMA's source stride is 16 bits, so the tile is copied one row per DMA, each paying the
+MTE2 start-up (catlass CopyGmToL1 for Atlas A2; K104/basic's BasicMatmul at K = 80000). An explicit base_m / base_n
+larger than its dim runs at the dim rounded to the fractal (the actual block shape a kernel computes).
 """
 
 from __future__ import annotations
@@ -17,7 +24,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from npusim.errors import NpusimError
-from npusim.kernels.base import Band, Kernel, Work, capacity, cdiv, nbytes, need_cube, register, scaled
+from npusim.kernels.base import (Band, Kernel, Work, capacity, cdiv, nbytes, need_cube, read_seconds, register,
+                                 scaled)
 from npusim.kernels.program import AIC, Code, Queue, TileProgram, stage
 from npusim.kernels.tile import Act, Lin, Ref, lin
 from npusim.kernels.trace import Trace
@@ -39,6 +47,7 @@ class Scheme:
 SCHEMES = {
     "bf16": Scheme("bf16", "bf16"),
     "fp16": Scheme("fp16", "fp16"),
+    "fp32": Scheme("fp32", "fp32"),
     # W8A8: per-token activation and per-channel weight scales, dequantised in FIXPIPE (models.md §3.1 DEQF16)
     "int8": Scheme("int8", "int8", 0, "fp32", fixpipe_dequant=True),
     # DeepSeek FP8: activations 1x128, weights 128x128 blocks (models.md §1.1 scale_fmt)
@@ -76,6 +85,7 @@ class GemmShape:
         return per * nq * (rows + cols / (1 if sch.scale == "e8m0" else sch.b_block_n))
 
 
+STRIDE_LIMIT = 65536  # elements: a DMA source row stride from here on is copied row by row (catlass.hpp STRIDE_LIMIT)
 BLOCK_SIZES = (16, 32, 64, 128, 256)  # candidate base_m / base_n: fractal multiples up to the 256 of Ascend tilers
 BALANCED_MAX = 512  # estimate: largest block edge dealt evenly over the cores (L0B still double-buffers 16 deep)
 
@@ -110,6 +120,10 @@ class CubeTiling:
         fm, fk, fn = chip.aic.cube.fractal[dt]
         buf, cap = chip.aic.buffers, capacity(chip)
         eb = nbytes(dt, 1)
+        # an explicit block larger than the whole dim runs at the dim's fractal-rounded size (the actual block
+        # shape a catlass kernel computes, e.g. an L1 tile of 128 rows over a 20-row A)
+        base_m = min(base_m, cdiv(p.m, fm) * fm) if base_m else 0
+        base_n = min(base_n, cdiv(p.n, fn) * fn) if base_n else 0
         if by_row is None:
             by_row = p.n <= p.m  # re-read B unless it is the larger operand
 
@@ -194,7 +208,6 @@ class CubeTiling:
         fk = aic.cube.fractal[dt][1]
         a, b = nbytes(dt, bm, k), nbytes(dt, k, bn)
         mte2, mte1, fix = aic.pipes["mte2"], aic.pipes["mte1"], aic.pipes["fixpipe"]
-        cap = mte2.routes.get("gm>l1", mte2.bytes_per_cycle) * clock
         hbm_bw, l2_bw = chip.hbm.bandwidth * eff.hbm, chip.l2.read_bandwidth * eff.l2
         cube = 2.0 * bm * bn * cdiv(k, fk) * fk / (aic.cube.flop_per_cycle[dt] * clock * eff.cube)
         copy = (a / _route(mte1, "l1>l0a", dt) + b / _route(mte1, "l1>l0b", dt)) / clock
@@ -206,7 +219,8 @@ class CubeTiling:
 
         def wave(cores: int) -> float:
             # per L1 tile: each load at its share of the servers, its start-up hidden behind the previous load
-            durs = [max(x / cap, cores * x * (1 - h) / hbm_bw, cores * x * h / l2_bw) / tiles for x, h in loads if x]
+            durs = [max(read_seconds(chip, x, h), cores * x * (1 - h) / hbm_bw, cores * x * h / l2_bw) / tiles
+                    for x, h in loads if x]
             load = tiles * sum(d + max(0.0, lat - durs[i - 1]) for i, d in enumerate(durs))
             write = cores * nbytes(p.out_dtype, bm, bn) / hbm_bw
             return max(cube, copy, load, write) + (out if self.l0c_depth == 1 else 0.0)
@@ -278,6 +292,10 @@ class CubeBlock:
     sa: Ref | None = None
     sb: Ref | None = None
     relu: bool = False
+    handoff: Queue | None = None  # the GM workspace queue FIXPIPE fills for the AIVs (a MIX kernel's epilogue)
+    strides: tuple[int, int] = (0, 0)  # GM row strides (elements) of the stored A and B
+    b_nk: bool = True  # B stored [n, k] (K contiguous: nn.Linear weights, catlass ColumnMajor), else [k, n]
+    out_hit: float = 0.0  # fraction of the write that stays in L2 (a workspace the AIVs read back at once)
 
     @property
     def scaled(self) -> bool:
@@ -311,12 +329,12 @@ class CubeBlock:
         sch, dt, bm, bn, kl1 = self.sch, self.sch.cube, self.t.base_m, self.t.base_n, self.t.k_l1
         l1, koff = self.queues[0], scaled(i, kl1)
         c.alloc(l1)
-        c.op("mte2", "load", Act("load", Ref(f"l1.a{slot}", (0, 0, 0), (1, bm, kl1)), (at_k(self.a, 2, koff, kl1),),
-                                 sch.elem), bytes=nbytes(dt, bm, depth), dtype=dt, src="gm", dst="l1", slot=slot,
-             hit=self.hits[0])
-        c.op("mte2", "load", Act("load", Ref(f"l1.b{slot}", (0, 0, 0), (1, kl1, bn)), (at_k(self.b, 1, koff, kl1),),
-                                 sch.elem), bytes=nbytes(dt, depth, bn), dtype=dt, src="gm", dst="l1", slot=slot,
-             hit=self.hits[1])
+        a_rows, b_rows = (stride >= STRIDE_LIMIT for stride in self.strides)
+        self.load(c, slot, Ref(f"l1.a{slot}", (0, 0, 0), (1, bm, kl1)), at_k(self.a, 2, koff, kl1), 1 if a_rows else 0,
+                  nbytes(dt, bm, depth), self.hits[0])
+        b_axis = (2 if self.b_nk else 1) if b_rows else 0
+        self.load(c, slot, Ref(f"l1.b{slot}", (0, 0, 0), (1, kl1, bn)), at_k(self.b, 1, koff, kl1), b_axis,
+                  nbytes(dt, depth, bn), self.hits[1])
         if self.scaled:
             nq, kq, per = cdiv(kl1, sch.qblock), scaled(i, cdiv(kl1, sch.qblock)), cdiv(depth, sch.qblock)
             c.op("mte2", "load", Act("load", Ref(f"l1.sa{slot}", (0, 0, 0), (1, bm, nq)),
@@ -328,6 +346,35 @@ class CubeBlock:
                  bytes=4.0 * bn * per / (4 if sch.scale == "e8m0" else sch.b_block_n), dtype="fp32", src="gm",
                  dst="l1", slot=slot)
         c.enque(l1)
+
+    def load(self, c: Code, slot: int, dst: Ref, src: Ref, axis: int, size: float, hit: float) -> None:
+        """GM -> L1 of one operand tile in one ND->NZ DMA, or (`axis` > 0) one DMA per row of the stored matrix
+        along that axis of the tile: a source row stride of STRIDE_LIMIT elements or more does not fit the DMA's
+        16-bit srcDValue (AscendC Nd2NzParams), so catlass copies such a tile row by row (CopyGmToL1, atlasa2)."""
+        dt, elem = self.sch.cube, self.sch.elem
+        if not axis:
+            c.op("mte2", "load", Act("load", dst, (src,), elem), bytes=size, dtype=dt, src="gm", dst="l1", slot=slot,
+                 hit=hit)
+            return
+        rows = dst.size[axis]
+
+        def row(r: Lin) -> None:
+            def at(ref: Ref) -> Ref:
+                start, sz = list(ref.start), list(ref.size)
+                s0 = start[axis]
+                start[axis] = Lin(r.base + (s0 if isinstance(s0, int) else s0.base),
+                                  (() if isinstance(s0, int) else s0.terms) + r.terms)
+                sz[axis] = 1
+                return Ref(ref.name, tuple(start), tuple(sz), ref.stop)
+            c.op("mte2", "load_row", Act("load", at(dst), (at(src),), elem), bytes=size / rows, dtype=dt, src="gm",
+                 dst="l1", slot=slot, hit=hit)
+
+        row(Lin(0))  # the first and the last row are instructions of their own: they carry the queue's flags
+        if rows > 2:
+            with c.loop(rows - 2, "row"):
+                row(lin(("row", 1), base=1))
+        if rows > 1:
+            row(Lin(rows - 1))
 
     @stage
     def split(self, c: Code, slot: int, s: int, last: bool) -> None:
@@ -369,16 +416,21 @@ class CubeBlock:
 
     @stage
     def copy_out(self, c: Code) -> None:
-        """FIXPIPE: L0C to GM in the output dtype (with ReLU, and the INT8 dequant by per-row / per-column scales)."""
+        """FIXPIPE: L0C to GM in the output dtype (with ReLU, and the INT8 dequant by per-row / per-column scales),
+        or into a workspace slot the AIVs are handed."""
         l0c, bm, bn = self.queues[2], self.t.base_m, self.t.base_n
         deq = (self.sa, self.sb) if self.sch.fixpipe_dequant else ()
         c.op("cube", "sync")
         c.enque(l0c)
         c.deque(l0c)
+        if self.handoff:
+            c.alloc(self.handoff)
         c.op("fixpipe", "store", Act("fixpipe", self.out, (Ref("l0c", (0, 0, 0), (1, bm, bn)),) + deq, self.out_dtype,
                                      (("relu", self.relu), ("dequant", self.sch.fixpipe_dequant))),
-             bytes=nbytes(self.out_dtype, bm, bn), dtype=self.out_dtype, src="l0c", dst="gm")
+             bytes=nbytes(self.out_dtype, bm, bn), dtype=self.out_dtype, src="l0c", dst="gm", hit=self.out_hit)
         c.free(l0c)
+        if self.handoff:
+            c.enque(self.handoff)
 
 
 @register
@@ -388,7 +440,7 @@ class Gemm(Kernel):
 
     name: ClassVar[str] = "gemm"
     options: ClassVar[tuple[str, ...]] = ("dtype", "out_dtype", "base_m", "base_n", "base_k", "step_k", "l0c_depth",
-                                          "buffering")
+                                          "buffering", "layout_a", "layout_b")
     m: int
     n: int
     k: int
@@ -401,6 +453,8 @@ class Gemm(Kernel):
     step_k: int = 0
     l0c_depth: int = 0  # L0C accumulators, 1 or 2 (0 = the tiler's choice)
     buffering: int = 0  # depth of the double-buffered queues (0 = 2, as written)
+    layout_a: str = "mk"  # A stored [m, k] row-major, or "nz" (fractal: no DMA row stride)
+    layout_b: str = "nk"  # B stored [n, k] (K contiguous, as nn.Linear weights), "kn" ([k, n] row-major) or "nz"
 
     @property
     def scheme(self) -> Scheme:
@@ -438,9 +492,16 @@ class Gemm(Kernel):
         prog = TileProgram(self.name, chip, self.buffering)
         c = prog.code(AIC)
         c.addr(bi=bi, mi=mi, ni=ni)
+        if self.layout_a not in ("mk", "nz") or self.layout_b not in ("nk", "kn", "nz"):
+            raise NpusimError(f"gemm layout_a '{self.layout_a}' / layout_b '{self.layout_b}': A 'mk' or 'nz', B 'nk' "
+                              "(stored [n, k]), 'kn' ([k, n]) or 'nz' (fractal)",
+                              field="shape.layout_a" if self.layout_a not in ("mk", "nz") else "shape.layout_b")
+        nk = self.layout_b != "kn"
+        strides = (0 if self.layout_a == "nz" else self.k, {"nk": self.k, "kn": self.n, "nz": 0}[self.layout_b])
         CubeBlock(t, sch, self.k, a, b, out, self.out_dtype, t.l2_hits(chip, self.problem),
                   cube_queues(prog, t, self.problem),
-                  sa if sch.scale else None, sb if sch.scale else None).write(c)
+                  sa if sch.scale else None, sb if sch.scale else None,
+                  strides=strides, b_nk=nk).write(c)
         groups = prog.groups([Band(self.batch * tm * tn, c.body())], chip.aic.count)
         return Trace(self.name, chip.name, self.shape, groups, w.cube_flops, w.hbm_bytes, prog.buffers(),
                      t.describe() | {"blocks": self.batch * tm * tn, "scheme": self.dtype} | prog.tiling(),
@@ -513,7 +574,7 @@ class GroupedGemm(Kernel):
         c = prog.code(AIC)
         c.addr(mi=mi, ni=ni)
         CubeBlock(t, sch, self.k, a, b, out, self.out_dtype, hits, cube_queues(prog, t, p),
-                  sa if sch.scale else None, sb if sch.scale else None).write(c)
+                  sa if sch.scale else None, sb if sch.scale else None, strides=(self.k, self.k)).write(c)
         body = c.body()
         bands, r0 = [], 0
         for e, m in enumerate(per):

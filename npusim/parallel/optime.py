@@ -39,7 +39,11 @@ KERNEL_OF = {"rmsnorm": "rowwise", "layernorm": "rowwise", "hadamard": "gemm", "
 
 
 def kernel_name(op: Op) -> str:
-    """The kernel an op runs (the name a plan's `kernels:` options are given under)."""
+    """The kernel an op runs (the name a plan's `kernels:` options are given under). A W8A8 linear (int8
+    activations with per-token scales, int8 weights with per-channel scales) runs the MIX quant matmul whose AIVs
+    dequantise (CANN QuantBatchMatmulV3's per-token template and catlass 12_quant_matmul alike)."""
+    if op.kind == "gemm" and op.dtypes.get("a") == op.dtypes.get("b") == "int8" and op.shape.get("batch", 1) == 1:
+        return "quant_matmul"
     return KERNEL_OF.get(op.kind, op.kind)
 
 
@@ -119,6 +123,8 @@ def kernel_for(op: Op, chip: Chip, options: KernelOptions | None = None) -> Kern
 def _default_kernel(op: Op, chip: Chip) -> Kernel | None:
     s = op.shape
     batch = s.get("batch", 1)
+    if kernel_name(op) == "quant_matmul":
+        return kernel("quant_matmul", {"m": s["m"], "n": s["n"], "k": s["k"]})
     if op.kind == "gemm":
         return kernel("gemm", {"m": s["m"], "n": s["n"], "k": s["k"], "batch": batch}, dtype=_scheme(op, chip))
     if op.kind == "grouped_gemm":
@@ -202,7 +208,7 @@ def partition(chip: Chip, aic: int) -> Chip:
 
 
 # The GM tensor holding each kernel's activation input (what a fused group's previous member produced).
-ACTIVATION_INPUT = {"gemm": "a", "grouped_gemm": "a", "rowwise": "x"}
+ACTIVATION_INPUT = {"gemm": "a", "grouped_gemm": "a", "quant_matmul": "a", "rowwise": "x"}
 
 
 def kernel_trace(k: Kernel, chip: Chip, buffering: int = 0) -> Trace:
