@@ -28,6 +28,16 @@ kernel (256x256x256 blocks, step_k 2, one L0C accumulator) at five sizes with TE
 22-46 %; at 2048x8192x8192 each core extracts ~17 MB in 88.1 % of 0.3489 ms = ~34 B/cycle, against ~154 B/cycle for
 MXFP8. Giving MTE1 that rate reproduces the five times within -19..+3 % with the measured tiling, which the tiler
 then picks by itself; the cube keeps the whitepaper MXFP4 rate.
+
+GEMM rows model the kernel each row measured, with its tiling as options (explicit tiles, layouts): catlass
+BasicMatmul (L1 128x256x256, L0 128x256x64, one L0C stage, A and B RowMajor), 06_optimized_matmul's default and
+retiled blocks, 21_basic_matmul_preload_zN's 128x256 blocks over a zN B (K121, K123), the 12_quant_matmul MIX
+kernel (npusim `quant_matmul`, the int32 block dequantised on the AIVs) and its 52 multi-core split-K form. Three
+named mechanisms of the 910B family carry the small and long GEMMs: one core's HBM read rate (route hbm>l1, fitted
+on K110-K112's growth with K of a single block), the start-up of a MIX task (overheads.mix_start, fitted on K110)
+and the DMA row-stride limit (BasicMatmul at K = 80000 copies A row by row, K104/basic: no fit, the MTE2 start-up
+stays an estimate). catlass 34's single-core split-K kernel (K101-K104) is timed as npusim's own GEMM over NZ
+operands: its AIV padding prologue, A-resident loop and atomic partial sums are not modelled.
 """
 
 from __future__ import annotations
@@ -71,6 +81,9 @@ FITS: dict[str, tuple[str, ...]] = {
     "K187": ("overheads.core_start (910b2 family)",), "K195": ("overheads.core_start (910b2 family)",),
     "K116": ("overheads.core_start (950pr)",),
     "K196": ("aiv.pipes.scalar ub>ub:fp8e4m3 route (910b2 family, derived from the row's profile)",),
+    "K110": ("aic.pipes.mte2 hbm>l1 route (910b2 family)", "overheads.mix_start (910b2 family)"),
+    "K111": ("aic.pipes.mte2 hbm>l1 route (910b2 family)",),
+    "K112": ("aic.pipes.mte2 hbm>l1 route (910b2 family)",),
     "K199": ("hccl.aiv_setup (atlas-800-a3)",), "K200/7KB": ("hccl.aiv_setup (atlas-800-a3)",),
     "K200/14KB": ("hccl.aiv_setup (atlas-800-a3)",), "K203/1.3MB": ("hccl.aicpu_setup (atlas-800-a3)",),
     "K204/40MB": ("hccl.efficiency (atlas-800-a3)",),
