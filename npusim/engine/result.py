@@ -183,5 +183,18 @@ def simulate_timeline(trace: Trace, chip: Chip, *, launch: str = "eager") -> tup
     return summarise(trace, chip, outcome, cost), Timeline(trace.kernel, cost, tracks, tuple(outcome.spans))
 
 
+def completions(trace: Trace, chip: Chip, pipe: str, op: str) -> tuple[float, ...]:
+    """When each instance of one instruction ends, in seconds from the first instruction, sorted (a folded group's
+    copies counted as their number): e.g. each output block's FIXPIPE store, the moment a consumer on another
+    stream may take the block. Run without loop compression, so every instance is seen."""
+    outcome = Simulation(trace, chip, record=True, compress=False).run()
+    ends = []
+    for index, name, _, end in outcome.spans:
+        runner = outcome.runners[index]
+        if runner.pipe == pipe and name == op:
+            ends += [end] * runner.weight
+    return tuple(sorted(ends))
+
+
 def clear_memo() -> None:
     _memo.clear()
