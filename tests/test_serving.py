@@ -8,7 +8,7 @@ import pytest
 
 from npusim.errors import NpusimError
 from npusim.serving import (AnalyticStepModel, Capacity, ClosedLoop, Deployment, Fixed, GridStepModel, Link,
-                            LogNormal, Mtp, OpenLoop, Pool, Slo, Uniform, simulate)
+                            LogNormal, Mtp, OpenLoop, Pool, Scheduler, Slo, Uniform, simulate)
 
 CAP = Capacity(kv_bytes_per_token=70e3, kv_capacity=10e9, max_batch=8, token_budget=4096)
 MODEL = AnalyticStepModel(CAP)
@@ -205,3 +205,72 @@ def test_disaggregated_decode_preemption_recomputes_on_a_prefill_rank():
     assert r.preemptions.sum() > 0
     assert r.finish.notna().all() and (r.generated == r.output).all()
     assert result.steps[result.steps.role == "decode"].kv_usage.max() <= 1.0
+
+
+# ---------------------------------------------------------------------------------------------- framework schedulers
+PROMPT = 4096  # = CAP.token_budget: the budget equals the prompt length
+
+
+def one_rank(scheduler, chunk_size=None):
+    return Deployment(prefill=Pool(), chunk_size=chunk_size, scheduler=scheduler)
+
+
+def test_vllm_budget_counts_decodes_so_a_whole_prompt_waits_for_the_decodes():
+    """vLLM semantics, chunked prefill off, budget = prompt: a prompt never fits beside a running decode, so the rank
+    serves one request at a time (the trap of a decode-counting budget)."""
+    result = simulate(one_rank(Scheduler("vllm")), ClosedLoop(8, Fixed(PROMPT), Fixed(32)), MODEL, seed=0, requests=16)
+    steps = result.steps
+    assert steps.decode_batch.max() == 1
+    assert not ((steps.prefill_tokens > 0) & (steps.decode_batch > 0)).any()
+
+
+def test_sglang_budget_counts_prompts_only_and_prefill_batches_run_alone():
+    """SGLang semantics, same budget: every waiting prompt gets a prefill batch of its own (the first prompt of a
+    batch is admitted whatever the budget) while the decodes wait, so the decodes then run batched."""
+    result = simulate(one_rank(Scheduler("sglang")), ClosedLoop(8, Fixed(PROMPT), Fixed(32)), MODEL, seed=0,
+                      requests=16)
+    steps = result.steps
+    assert steps.decode_batch.max() == 8
+    assert not ((steps.prefill_tokens > 0) & (steps.decode_batch > 0)).any()  # prefill-only batches
+    assert steps.prefill_tokens.max() == PROMPT  # max_prefill_tokens: one 4,096-token prompt per batch
+    assert result.summary.output_throughput > 3 * simulate(one_rank(Scheduler("vllm")), ClosedLoop(
+        8, Fixed(PROMPT), Fixed(32)), MODEL, seed=0, requests=16).summary.output_throughput
+
+
+def test_sglang_chunks_to_the_chunk_budget_and_mixed_chunks_carry_the_decodes():
+    chunked = simulate(one_rank(Scheduler("sglang"), chunk_size=1000), ClosedLoop(4, Fixed(2500), Fixed(16)), MODEL,
+                       seed=0, requests=8).steps
+    assert chunked.prefill_tokens.max() == 1000 and not ((chunked.prefill_tokens > 0) & (chunked.decode_batch > 0)).any()
+    mixed = simulate(one_rank(Scheduler("sglang", mixed_chunk=True), chunk_size=1000),
+                     ClosedLoop(4, Fixed(2500), Fixed(16)), MODEL, seed=0, requests=8).steps
+    both = mixed[(mixed.prefill_tokens > 0) & (mixed.decode_batch > 0)]
+    assert len(both) and (both.prefill_tokens + both.decode_batch <= 1000).all()  # decodes spend the chunk budget
+    with pytest.raises(NpusimError, match="SGLang"):
+        Scheduler("vllm", mixed_chunk=True)
+    with pytest.raises(NpusimError, match="allowed: vllm, sglang"):
+        Scheduler("tgi")
+
+
+def test_sglang_admission_reserves_the_outputs_of_running_requests():
+    """The cache holds 8,000 tokens: vLLM admits prompts on their prompt alone; SGLang also reserves min(output,
+    4096) for the new request and new_token_ratio x the rest of the running ones', so fewer run at once."""
+    small = AnalyticStepModel(Capacity(kv_bytes_per_token=70e3, kv_capacity=70e3 * 8000, max_batch=8,
+                                       token_budget=4096))
+    load = ClosedLoop(8, Fixed(1000), Fixed(1000))
+    vllm = simulate(one_rank(Scheduler("vllm"), 4096), load, small, seed=0, requests=16).steps.decode_batch.max()
+    sglang = simulate(one_rank(Scheduler("sglang"), 4096), load, small, seed=0, requests=16).steps.decode_batch.max()
+    assert sglang < vllm
+
+
+def test_a_concurrency_cap_beside_a_request_rate_holds_requests_at_the_client():
+    """bench_serving --request-rate R --max-concurrency 1: arrivals far faster than service queue at the client; each
+    request is sent when the last completes, so it meets an idle rank and takes the solo times."""
+    load = OpenLoop(1000.0, Fixed(3000), Fixed(50), max_concurrency=1)
+    r = simulate(CO_LOCATED, load, MODEL, seed=0, requests=5).requests
+    assert r.ttft.tolist() == pytest.approx([MODEL.prefill_time(3000, 0, 1)] * 5, rel=1e-12)
+    assert (r.arrival.iloc[1:].to_numpy() >= r.finish.iloc[:-1].to_numpy() - 1e-12).all()
+    capped = simulate(CO_LOCATED, OpenLoop(1000.0, Fixed(1024), Fixed(64), max_concurrency=3), MODEL, seed=0,
+                      requests=60)
+    assert capped.mean_in_system <= 3 + 1e-9
+    with pytest.raises(NpusimError, match="max_concurrency"):
+        OpenLoop(1.0, Fixed(10), Fixed(10), max_concurrency=0)

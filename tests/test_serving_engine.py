@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from npusim import api
+from npusim.errors import NpusimError
 from npusim.graph.accounting import cache_footprint
 from npusim.serving import ClosedLoop, Fixed, Slo, simulate
 from npusim.serving.predicted import ServedPlan, kv_link, mtp_from_plan
@@ -100,7 +101,9 @@ def test_serve_cli_rate_sweep_finds_the_knee(cli, tmp_path):
     (("--trace", "TRACE"), "line 3"),
     (("--plan", "no-such-plan", "--rate", "1"), "no-such-plan"),
     (("--rate", "-1"), "must be positive"),
-    ((), "one of the arguments --rate --rates --concurrency --trace is required"),
+    ((), "give a load: --rate, --rates, --concurrency or --trace"),
+    (("--trace", "TRACE", "--concurrency", "2"), "drop --concurrency"),
+    (("--rate", "1", "--mixed-chunk"), "mixed chunks are SGLang"),
     (("--rates", "4,2"), "increasing order"),
     (("--rate", "1", "--slo", "ttft=fast"), "--slo"),
     (("--rate", "1", "--input", "gauss:5"), "not a length distribution"),
@@ -126,3 +129,20 @@ def test_the_plans_prefill_chunk_chunks_a_lone_prompt_as_predict_does():
     r, ranks = lone(SMALL, 2048, 2, chunked)
     p = api.predict(**SMALL, input=2048, output=2, batch=ranks, context=2049, overrides=chunked)
     assert r.ttft.iloc[0] == pytest.approx(p.ttft, rel=1e-9)
+
+
+def test_prefill_and_decode_instances_have_their_own_running_limits():
+    setup = api.load_setup(**PD)
+    served = ServedPlan.of(setup, max_batch=32, running={"prefill": 2, "decode": 48})
+    assert (served.models["prefill"].capacity.max_batch, served.models["decode"].capacity.max_batch) == (2, 48)
+    with pytest.raises(NpusimError, match="one pool"):
+        ServedPlan.of(api.load_setup(**SMALL), running={"decode": 4})
+
+
+def test_serve_cli_sglang_scheduler_with_a_rate_and_a_concurrency_cap(cli):
+    run = cli("serve", *SMALL_ARGS, "--rate", "50", "--concurrency", "3", "--requests", "12", "--scheduler",
+              "sglang", "--format", "json")
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert out["summary"]["completed"] == 12 and out["setup"]["deployment"]["scheduler"]["policy"] == "sglang"
+    assert out["summary"]["mean_in_system"] <= 3 + 1e-9

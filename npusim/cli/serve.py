@@ -17,7 +17,8 @@ import pandas as pd
 from npusim import api
 from npusim.cli import common
 from npusim.errors import NpusimError
-from npusim.serving import ClosedLoop, Fixed, LogNormal, OpenLoop, Slo, Uniform, knee, plots, read_trace
+from npusim.serving import ClosedLoop, Fixed, LogNormal, OpenLoop, Scheduler, Slo, Uniform, knee, plots, read_trace
+from npusim.serving.deployment import SCHEDULERS
 from npusim.serving.load import Load
 from npusim.serving.predicted import MAX_BATCH, TOKEN_BUDGET, ServedPlan
 from npusim.spec import units
@@ -35,11 +36,13 @@ def register(sub) -> None:
     p.add_argument("--plan", default=d["plan"], help=f"plan name or YAML (default {d['plan']})")
     p.add_argument("--quant", default=d["quant"], help=f"quantisation preset (default {d['quant']}; 'model' = the "
                                                        "checkpoint's own format)")
-    load = p.add_mutually_exclusive_group(required=True)
+    load = p.add_mutually_exclusive_group()
     load.add_argument("--rate", type=float, help="open loop: requests/s (Poisson; see --cv)")
     load.add_argument("--rates", help="rate sweep R1,R2,...: one run per rate, and the SLO knee")
-    load.add_argument("--concurrency", type=int, help="closed loop: users each waiting for their last request")
     load.add_argument("--trace", metavar="FILE", help="replay a CSV / JSONL trace (arrival, input, output[, prefix_hit])")
+    p.add_argument("--concurrency", type=int, help="alone: closed loop, users each waiting for their last request; "
+                                                   "with --rate / --rates: at most this many requests in flight, as "
+                                                   "bench clients' --max-concurrency beside --request-rate")
     stop = p.add_mutually_exclusive_group()
     stop.add_argument("--requests", type=int, help=f"requests to serve (default {DEFAULT_REQUESTS}; a trace: all)")
     stop.add_argument("--duration", type=float, help="seconds of simulated time to observe instead")
@@ -49,10 +52,23 @@ def register(sub) -> None:
     p.add_argument("--prefix-hit", type=float, default=0.0, help="fraction of every prompt in the prefix cache")
     p.add_argument("--cv", type=float, default=1.0, help="coefficient of variation of inter-arrival gaps "
                                                          "(1 = Poisson, above 1 bursty)")
-    p.add_argument("--max-batch", type=int, default=MAX_BATCH, help=f"sequences per rank (default {MAX_BATCH})")
+    p.add_argument("--scheduler", choices=SCHEDULERS, default="vllm",
+                   help="step semantics of the framework: vllm (the token budget, max_num_batched_tokens, counts "
+                        "decode tokens; prompts share steps with the decodes) or sglang (the budget, "
+                        "max_prefill_tokens, counts prompt tokens only; prefill batches run alone); default vllm")
+    p.add_argument("--mixed-chunk", action="store_true",
+                   help="sglang: decodes ride along in prefill batches (SGLang --enable-mixed-chunk)")
+    p.add_argument("--max-batch", type=int, default=MAX_BATCH,
+                   help=f"running sequences per rank (vLLM max_num_seqs, SGLang max_running_requests / dp; "
+                        f"default {MAX_BATCH})")
+    p.add_argument("--prefill-max-batch", type=int, help="running limit per rank of the prefill instances of a "
+                                                          "disaggregated plan (default --max-batch)")
+    p.add_argument("--decode-max-batch", type=int, help="running limit per rank of the decode instances of a "
+                                                         "disaggregated plan (default --max-batch)")
     p.add_argument("--token-budget", type=int, default=TOKEN_BUDGET,
-                   help=f"tokens per rank and step (default {TOKEN_BUDGET})")
-    p.add_argument("--no-chunking", action="store_true", help="prefill long prompts whole instead of in budget chunks")
+                   help=f"prompt (vllm: and decode) tokens per rank and step (default {TOKEN_BUDGET})")
+    p.add_argument("--no-chunking", action="store_true", help="prefill long prompts whole instead of in budget chunks "
+                                                              "(SGLang --chunked-prefill-size -1)")
     p.add_argument("--slo", help="latency limits, e.g. ttft=2s,tpot=30ms")
     p.add_argument("--seed", type=int, default=0, help="random seed of arrivals, lengths and MTP draws (default 0)")
     p.add_argument("--figures", metavar="DIR", help="write figures (latency CDFs and timeline, or the rate sweep)")
@@ -63,15 +79,22 @@ def register(sub) -> None:
 
 def run(args) -> None:
     slo = Slo.parse(args.slo) if args.slo else None
+    if not (args.rate or args.rates or args.trace or args.concurrency is not None):
+        raise NpusimError("give a load: --rate, --rates, --concurrency or --trace", field="--rate")
     if args.trace and (args.input or args.output):
         raise NpusimError("a trace gives every request's lengths: drop --input / --output", field="--trace")
+    if args.trace and args.concurrency is not None:
+        raise NpusimError("a trace replays its own arrivals: drop --concurrency", field="--concurrency")
     requests = DEFAULT_REQUESTS if args.requests is None and args.duration is None and not args.trace else args.requests
     rates = parse_rates(args.rates) if args.rates else [args.rate]
     loads = [make_load(args, rate) for rate in rates]  # refuse a bad load before any engine work
     setup = api.load_setup(args.hw, args.model, args.plan, None if args.quant == "model" else args.quant,
                            common.parse_overrides(args.overrides))
+    running = {role: n for role, n in (("prefill", args.prefill_max_batch), ("decode", args.decode_max_batch))
+               if n is not None}
     served = ServedPlan.of(setup, max_batch=args.max_batch, token_budget=args.token_budget,
-                           chunked=not args.no_chunking)
+                           chunked=not args.no_chunking, scheduler=Scheduler(args.scheduler, args.mixed_chunk),
+                           running=running)
     figures = Path(args.figures) if args.figures else None
     if figures:
         figures.mkdir(parents=True, exist_ok=True)
@@ -165,9 +188,11 @@ def header(served: ServedPlan, args, requests: int | None) -> None:
     caps = {role: m.capacity for role, m in served.models.items()}
     cache = ", ".join(f"{role} {cap.kv_tokens:,} tokens" for role, cap in caps.items()) if d.decode else \
         f"{caps['prefill'].kv_tokens:,} tokens"
-    cap = caps["decode"]
-    print(f"per rank: KV cache {cache}; max batch {cap.max_batch}, token budget {cap.token_budget}"
-          f"{' (chunked prefill)' if d.chunk_size else ''}; MTP depth {d.mtp.depth}"
+    limits = ", ".join(f"{role} {cap.max_batch}" for role, cap in caps.items()) if d.decode else \
+        str(caps["prefill"].max_batch)
+    sched = d.scheduler.policy + (" with mixed chunks" if d.scheduler.mixed_chunk else "")
+    print(f"per rank: KV cache {cache}; running limit {limits}, token budget {caps['decode'].token_budget}"
+          f"{' (chunked prefill)' if d.chunk_size else ''}, {sched} scheduler; MTP depth {d.mtp.depth}"
           + (f" accepting each draft with p = {d.mtp.acceptance:.3f}" if d.mtp.depth else ""))
     print(f"load: {describe_load(args, requests)}")
 
@@ -191,10 +216,11 @@ def describe_load(args, requests: int | None) -> str:
     lengths = f"input {args.input or DEFAULT_INPUT}, output {args.output or DEFAULT_OUTPUT}"
     if args.prefix_hit:
         lengths += f", prefix hit {args.prefix_hit:g}"
-    if args.concurrency is not None:
-        kind = f"{args.concurrency} concurrent users"
-    else:
+    if args.rate or args.rates:
         kind = f"rate {args.rate or args.rates} requests/s, {'Poisson' if args.cv == 1 else f'gamma cv {args.cv:g}'}"
+        kind += f", at most {args.concurrency} in flight" if args.concurrency is not None else ""
+    else:
+        kind = f"{args.concurrency} concurrent users"
     return f"{kind}, {lengths}, {stop}, seed {args.seed}"
 
 
@@ -203,9 +229,9 @@ def make_load(args, rate: float | None) -> Load:
         return read_trace(args.trace)
     inp = parse_lengths(args.input or DEFAULT_INPUT, "--input")
     out = parse_lengths(args.output or DEFAULT_OUTPUT, "--output")
-    if args.concurrency is not None:
+    if rate is None:
         return ClosedLoop(args.concurrency, inp, out, prefix_hit=args.prefix_hit)
-    return OpenLoop(rate, inp, out, cv=args.cv, prefix_hit=args.prefix_hit)
+    return OpenLoop(rate, inp, out, cv=args.cv, prefix_hit=args.prefix_hit, max_concurrency=args.concurrency)
 
 
 def parse_lengths(text: str, option: str):

@@ -8,12 +8,12 @@
     result.summary, result.latency_table(), result.requests, result.steps
 """
 
-from npusim.serving.deployment import Deployment, Link, Mtp, Pool
+from npusim.serving.deployment import Deployment, Link, Mtp, Pool, Scheduler
 from npusim.serving.load import ClosedLoop, Fixed, LogNormal, OpenLoop, Sampled, Trace, Uniform, read_trace
 from npusim.serving.result import Percentiles, ServingResult, Slo, Summary, knee
 from npusim.serving.sim import simulate
 from npusim.serving.stepmodel import AnalyticStepModel, Capacity, GridStepModel, StepModel
 
 __all__ = ["AnalyticStepModel", "Capacity", "ClosedLoop", "Deployment", "Fixed", "GridStepModel", "Link", "LogNormal",
-           "Mtp", "OpenLoop", "Percentiles", "Pool", "Sampled", "ServingResult", "Slo", "StepModel", "Summary",
-           "Trace", "Uniform", "knee", "read_trace", "simulate"]
+           "Mtp", "OpenLoop", "Percentiles", "Pool", "Sampled", "Scheduler", "ServingResult", "Slo", "StepModel",
+           "Summary", "Trace", "Uniform", "knee", "read_trace", "simulate"]

@@ -1,9 +1,9 @@
-"""What is deployed: instances and their attention-DP ranks, the prefill-to-decode link, and scheduler switches."""
+"""What is deployed: instances and their attention-DP ranks, the prefill-to-decode link, and the scheduler."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 
@@ -80,6 +80,49 @@ class Mtp:
         return (accepted + 1).tolist()
 
 
+SCHEDULERS = ("vllm", "sglang")
+
+
+@dataclass(frozen=True)
+class Scheduler:
+    """How a rank forms each step, named after the framework whose semantics it follows (read from their schedulers:
+    vLLM v1 `Scheduler.schedule`, SGLang `Scheduler.get_next_batch_to_run` and `PrefillAdder`).
+
+    vllm: one token budget per step (`max_num_batched_tokens`) that the running decodes spend first (1 + MTP tokens
+      each); prompt chunks fill what is left, in the same (mixed) step. Without chunking a prompt must fit what the
+      decodes leave, so a budget equal to the prompt length admits a prompt only when no decode runs.
+    sglang: the budget (`max_prefill_tokens`, and `chunked_prefill_size` when chunking) counts prompt tokens only. A
+      step is a prefill batch whenever a waiting or part-done prompt can be admitted (it runs alone: the decodes wait,
+      unless `mixed_chunk`, SGLang's --enable-mixed-chunk, where they ride along and count against the budget), else a
+      decode batch. The first prompt of a batch is admitted even beyond the budget; a prompt that does not fit the
+      chunk budget is cut to it. Admission reserves the prompt plus min(output, 4096) tokens, and for every running
+      request min(remaining output, 4096) x new_token_ratio, which starts at 0.7, falls by (0.7 - 0.098) / 600 per
+      decode step to 0.098 and returns to 0.7 after a preemption (SGLANG_INIT_NEW_TOKEN_RATIO,
+      _MIN_NEW_TOKEN_RATIO_FACTOR, _NEW_TOKEN_RATIO_DECAY_STEPS, _CLIP_MAX_NEW_TOKENS_ESTIMATION defaults).
+    Limit: SGLang's ratio after a retraction is recomputed from the retracted batch; here it returns to its start.
+    """
+
+    policy: str = "vllm"
+    mixed_chunk: bool = False
+
+    INIT_RATIO: ClassVar[float] = 0.7
+    MIN_RATIO: ClassVar[float] = 0.7 * 0.14
+    DECAY: ClassVar[float] = (0.7 - 0.7 * 0.14) / 600
+    CLIP: ClassVar[int] = 4096
+
+    def __post_init__(self):
+        if self.policy not in SCHEDULERS:
+            raise NpusimError(f"unknown scheduler '{self.policy}'; allowed: {', '.join(SCHEDULERS)}", field="--scheduler")
+        if self.mixed_chunk and self.policy != "sglang":
+            raise NpusimError("mixed chunks are SGLang's option (--enable-mixed-chunk); vLLM always mixes",
+                              field="--mixed-chunk")
+
+    @property
+    def decodes_count(self) -> bool:
+        """Whether the running decodes spend the step's token budget (and run in the prefill step)."""
+        return self.policy == "vllm" or self.mixed_chunk
+
+
 @dataclass(frozen=True)
 class Deployment:
     """Instances and scheduler switches.
@@ -88,6 +131,7 @@ class Deployment:
     step. Disaggregated: prompts run on `prefill`, then each request's cache crosses `link` to a `decode` rank.
     `chunk_size` caps the prompt tokens of one sequence per step (chunked prefill); None prefills a prompt whole.
     `kv_headroom` is the fraction of a rank's KV cache kept free when admitting, so running sequences can grow.
+    `scheduler` forms the steps (vLLM or SGLang semantics).
     """
 
     prefill: Pool = field(default_factory=Pool)
@@ -96,6 +140,7 @@ class Deployment:
     chunk_size: int | None = None
     mtp: Mtp = field(default_factory=Mtp)
     kv_headroom: float = 0.01
+    scheduler: Scheduler = field(default_factory=Scheduler)
 
     def __post_init__(self):
         if self.decode is not None and self.link is None:

@@ -111,7 +111,9 @@ class OpenLoop:
     """Requests arrive at `rate` per second whatever the deployment does (like `vllm bench serve --request-rate`).
 
     Inter-arrival times are gamma distributed with coefficient of variation `cv`: 1 is Poisson, above 1 bursty.
-    `prefix_hit` is the fraction of every prompt already in the prefix cache.
+    `prefix_hit` is the fraction of every prompt already in the prefix cache. `max_concurrency` caps the requests in
+    flight as bench clients do beside the rate (`--max-concurrency` with `--request-rate`): an arrival beyond the cap
+    waits at the client, and its latencies count from when it is sent.
     """
 
     rate: float
@@ -119,9 +121,12 @@ class OpenLoop:
     output: Lengths
     cv: float = 1.0
     prefix_hit: float = 0.0
+    max_concurrency: int | None = None
 
     def __post_init__(self):
         _require(self.rate > 0, "rate", f"must be positive (requests/s), got {self.rate}")
+        _require(self.max_concurrency is None or self.max_concurrency >= 1, "max_concurrency",
+                 f"must be at least 1, got {self.max_concurrency}")
         _require(self.cv > 0, "cv", f"must be positive, got {self.cv}")
         _check_hit(self.prefix_hit)
 

@@ -16,6 +16,7 @@ by all heads), as `parallel.memory` counts it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from npusim.api import Setup, kv_transfer
@@ -24,7 +25,7 @@ from npusim.graph.accounting import cache_footprint
 from npusim.parallel.memory import memory
 from npusim.parallel.shard import shard
 from npusim.parallel.step import step_time
-from npusim.serving.deployment import Deployment, Link, Mtp, Pool
+from npusim.serving.deployment import Deployment, Link, Mtp, Pool, Scheduler
 from npusim.serving.load import Load
 from npusim.serving.result import ServingResult, Slo
 from npusim.serving.sim import simulate
@@ -129,7 +130,8 @@ def kv_link(setup: Setup) -> Link:
     return Link(bandwidth=_kv_bytes_per_token(s, "prefill") / per_token, latency=max(0.0, one - n * per_token))
 
 
-def deployment_from_plan(setup: Setup, *, chunk_size: int | None = None, kv_headroom: float = 0.01) -> Deployment:
+def deployment_from_plan(setup: Setup, *, chunk_size: int | None = None, kv_headroom: float = 0.01,
+                         scheduler: Scheduler = Scheduler()) -> Deployment:
     """Pools from the plan's instances (a rank = an attention-DP group), the link from the tier joining them, MTP
     from the plan. The plan's own `prefill_chunk`, when set, decides the chunk size (as it does for predict)."""
     plan = setup.plan
@@ -139,7 +141,7 @@ def deployment_from_plan(setup: Setup, *, chunk_size: int | None = None, kv_head
     return Deployment(prefill=Pool(instances=pre.instances, ranks=pre.attention.dp),
                       decode=Pool(instances=dec.instances, ranks=dec.attention.dp) if disaggregated else None,
                       link=kv_link(setup) if disaggregated else None, chunk_size=chunk_size, mtp=mtp_from_plan(plan),
-                      kv_headroom=kv_headroom)
+                      kv_headroom=kv_headroom, scheduler=scheduler)
 
 
 @dataclass(frozen=True, eq=False)
@@ -153,13 +155,21 @@ class ServedPlan:
 
     @classmethod
     def of(cls, setup: Setup, *, max_batch: int = MAX_BATCH, token_budget: int = TOKEN_BUDGET,
-           chunked: bool = True, points_per_octave: int = 4) -> ServedPlan:
+           chunked: bool = True, points_per_octave: int = 4, scheduler: Scheduler = Scheduler(),
+           running: Mapping[str, int] | None = None) -> ServedPlan:
         """`chunked`: prompts longer than the token budget run in budget-sized chunks (vLLM V1, SGLang); otherwise
-        whole, alone in their step (activations are still reserved for one budget only)."""
-        deployment = deployment_from_plan(setup, chunk_size=token_budget if chunked else None)
+        whole, alone in their step (activations are still reserved for one budget only). `running` sets the
+        running limit per rank of the prefill and/or decode pool of a disaggregated plan apart from `max_batch`
+        (SGLang's --max-running-requests of each instance, divided by its DP size)."""
+        deployment = deployment_from_plan(setup, chunk_size=token_budget if chunked else None, scheduler=scheduler)
+        running = dict(running or {})
+        if running and not deployment.disaggregated:
+            raise NpusimError("a co-located plan has one pool: give its running limit as max_batch",
+                              field="--prefill-max-batch / --decode-max-batch")
         roles = {"prefill": ("prefill",), "decode": ("decode",)} if deployment.disaggregated else \
             {"both": ("prefill", "decode")}
-        grids = {role: GridStepModel(EngineStepModel(setup, engine_capacity(setup, phases, max_batch=max_batch,
+        grids = {role: GridStepModel(EngineStepModel(setup, engine_capacity(setup, phases,
+                                                                            max_batch=running.get(role, max_batch),
                                                                             token_budget=token_budget)),
                                      points_per_octave=points_per_octave)
                  for role, phases in roles.items()}

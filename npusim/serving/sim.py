@@ -4,13 +4,15 @@ Each instance is one simpy process that repeats: every rank forms its batch (con
 vLLM / SGLang), the step lasts as long as the slowest rank's (the ranks meet in every MoE all-to-all), then tokens
 are emitted. Time advances one step at a time, never one token at a time, so a run costs O(steps x batch).
 
-Scheduling on a rank, per step:
-  1. decode: every decoding sequence verifies 1 + MTP-depth tokens; if the KV cache cannot take them, the most
-     recently admitted sequence is preempted (its cache freed, recomputed later from its prompt plus the tokens it
-     has produced) until it can;
-  2. prefill: sequences part-way through their prompt get their next chunk, then waiting requests are admitted in
-     arrival order while the batch, the token budget and the KV cache (less `kv_headroom`) allow. Admission reserves
-     the whole prompt's cache; prefix-cache hits are already there and are not recomputed.
+Scheduling on a rank, per step, with the semantics of the framework the deployment's `Scheduler` names:
+  - decode: every decoding sequence verifies 1 + MTP-depth tokens; if the KV cache cannot take them, the most
+    recently admitted sequence is preempted (its cache freed, recomputed later from its prompt plus the tokens it
+    has produced) until it can;
+  - prefill: sequences part-way through their prompt get their next chunk, then waiting requests are admitted in
+    arrival order while the running limit, the token budget and the KV cache allow. Admission holds the whole
+    prompt's cache; prefix-cache hits are already there and are not recomputed.
+  vLLM runs both in one (mixed) step, the decodes first and spending the budget; SGLang runs a prefill batch alone
+  whenever a prompt can be admitted (the decodes wait) and a decode batch otherwise (see `Scheduler`).
 A mixed step (co-located instances) costs its prefill part plus its decode part. The last prompt chunk computes the
 first token. Disaggregated: the prefill rank keeps the cache until a decode rank has admitted the request and the
 cache has crossed the link, and the first token reaches the user with it, from the decode rank (SGLang / vLLM PD
@@ -30,8 +32,8 @@ import pandas as pd
 import simpy
 
 from npusim.errors import NpusimError, did_you_mean
-from npusim.serving.deployment import Deployment
-from npusim.serving.load import BLOCK, ClosedLoop, Load, Shape, Trace
+from npusim.serving.deployment import Deployment, Scheduler
+from npusim.serving.load import BLOCK, ClosedLoop, Load, OpenLoop, Shape, Trace
 from npusim.serving.result import REQUEST_COLUMNS, STEP_COLUMNS, ServingResult, Slo
 from npusim.serving.stepmodel import StepModel
 
@@ -79,6 +81,7 @@ class Rank:
         self.kv_used = 0
         self.queued = 0  # cache tokens the waiting requests will need
         self.inbound = 0  # admitted requests whose cache is still crossing the link
+        self.ratio = Scheduler.INIT_RATIO  # SGLang's new_token_ratio (output reserved per running request)
 
     def load(self) -> int:
         return self.kv_used + self.queued
@@ -94,30 +97,15 @@ class Rank:
         """Form this step's batch: (seconds, decoding requests, [(prefilling request, prompt tokens)])."""
         if not self.running and not self.waiting:
             return IDLE
-        inst, sim = self.instance, self.instance.sim
-        tps = sim.deployment.mtp.tokens_per_seq
-        budget = self.token_budget
-        decodes: list[Request] = []
-        chunks: list[tuple[Request, int]] = []
-        if inst.decodes:
-            decodes = [r for r in self.running if r.state is DECODE]
-            while decodes and self.kv_used + len(decodes) * tps > self.kv_tokens:
-                victim = self.running[-1]
-                self.preempt(victim)
-                if victim in decodes:
-                    decodes.remove(victim)
-            del decodes[min(budget // tps, self.max_batch):]
-            budget -= len(decodes) * tps
-        if inst.prefills:
-            for r in self.running:
-                if r.state is PREFILL:
-                    n = self.chunk(r, budget, bool(chunks or decodes))
-                    if n == 0:
-                        break
-                    chunks.append((r, n))
-                    budget -= n
-            self.admit_prompts(chunks, decodes, budget)
-        else:
+        inst, sched = self.instance, self.instance.sim.deployment.scheduler
+        tps = inst.sim.deployment.mtp.tokens_per_seq
+        if sched.decodes_count:  # vLLM (or SGLang mixed chunks): the decodes first, prompts in what they leave
+            decodes = self.decode_batch(tps) if inst.decodes else []
+            chunks = self.prefill_batch(len(decodes) * tps, bool(decodes)) if inst.prefills else []
+        else:  # SGLang: a prefill batch whenever a prompt can run, alone; else a decode batch
+            chunks = self.prefill_batch(0, False) if inst.prefills else []
+            decodes = self.decode_batch(tps) if inst.decodes and not chunks else []
+        if not inst.prefills:
             self.admit_handoffs()
         seconds = 0.0
         if chunks:
@@ -128,23 +116,76 @@ class Rank:
             seconds += inst.model.decode_time(len(decodes), context, tps)
         return seconds, decodes, chunks
 
-    def chunk(self, r: Request, budget: int, shared: bool) -> int:
-        """Prompt tokens of r to run now: a chunk when chunking, else the whole rest of the prompt (which may
-        exceed the budget only when it runs alone)."""
+    def decode_batch(self, tps: int) -> list[Request]:
+        """The decoding sequences of this step; if the cache cannot take their tokens, the most recently admitted
+        sequence is preempted until it can. vLLM caps them by the token budget, SGLang by the running limit only."""
+        sched = self.instance.sim.deployment.scheduler
+        decodes = [r for r in self.running if r.state is DECODE]
+        while decodes and self.kv_used + len(decodes) * tps > self.kv_tokens:
+            victim = self.running[-1]
+            self.preempt(victim)
+            if victim in decodes:
+                decodes.remove(victim)
+        if sched.policy == "vllm":
+            del decodes[min(self.token_budget // tps, self.max_batch):]
+        elif decodes:  # SGLang's new_token_ratio decays with every decode batch
+            self.ratio = max(sched.MIN_RATIO, self.ratio - sched.DECAY)
+        return decodes
+
+    def prefill_batch(self, decode_tokens: int, decoding: bool) -> list[tuple[Request, int]]:
+        """Prompt chunks of this step: part-done prompts first, then waiting requests in arrival order."""
+        sched, size = self.instance.sim.deployment.scheduler, self.instance.sim.deployment.chunk_size
+        budget = self.token_budget - decode_tokens
+        chunk_left = size - decode_tokens if sched.policy == "sglang" and size is not None else None
+        chunks: list[tuple[Request, int]] = []
+        for r in self.running:
+            if r.state is PREFILL:
+                n = self.chunk(r, budget, chunk_left, bool(chunks) or decoding, waiting=False)
+                if n == 0:
+                    break
+                chunks.append((r, n))
+                budget -= n
+                chunk_left = None if chunk_left is None else chunk_left - n
+        self.admit_prompts(chunks, decode_tokens, decoding, budget, chunk_left)
+        return chunks
+
+    def chunk(self, r: Request, budget: int, chunk_left: int | None, shared: bool, waiting: bool) -> int:
+        """Prompt tokens of r to run now (0: not this step).
+
+        vLLM: a chunk of at most chunk_size when chunking, else the whole rest of the prompt, which may exceed the
+        budget only when it runs alone. SGLang: a waiting prompt at least as long as the budget left waits for the
+        next batch unless it would be the batch's first; the prompt is cut to the chunk budget left."""
         rest = r.prompt - r.prefilled
+        if budget <= 0 or (chunk_left is not None and chunk_left <= 0):
+            return 0
+        if self.instance.sim.deployment.scheduler.policy == "sglang":
+            if waiting and shared and rest >= budget:
+                return 0
+            return rest if chunk_left is None else min(rest, chunk_left)
         size = self.instance.sim.deployment.chunk_size
         if size is not None:
             return max(0, min(rest, size, budget))
         return rest if rest <= budget or not shared else 0
 
-    def admit_prompts(self, chunks: list, decodes: list, budget: int) -> None:
+    def fits(self, r: Request, decode_tokens: int) -> bool:
+        """Whether admitting r leaves the cache room it needs: the prompt beside this step's decode tokens, within
+        the headroom while others run (vLLM; and any prefill-only rank, whose caches leave with their requests); on
+        an SGLang rank that decodes, the prompt plus min(output, 4096) beside every running request's remaining
+        output (clipped) times new_token_ratio."""
+        sched = self.instance.sim.deployment.scheduler
+        if sched.policy == "vllm" or not self.instance.decodes:
+            return self.kv_used + decode_tokens + r.prompt <= (self.admit_limit if self.running else self.kv_tokens)
+        reserved = self.ratio * sum(min(q.output - q.generated, sched.CLIP) for q in self.running)
+        return self.kv_used + reserved + r.prompt + min(r.output - r.generated, sched.CLIP) <= self.kv_tokens
+
+    def admit_prompts(self, chunks: list, decode_tokens: int, decoding: bool, budget: int,
+                      chunk_left: int | None) -> None:
         now = self.instance.sim.env.now
-        growth = len(decodes) * self.instance.sim.deployment.mtp.tokens_per_seq  # this step's decode tokens
-        while self.waiting and budget > 0 and len(self.running) < self.max_batch:
+        while self.waiting and len(self.running) < self.max_batch:
             r = self.waiting[0]
-            if self.kv_used + growth + r.prompt > (self.admit_limit if self.running else self.kv_tokens):
+            if not self.fits(r, decode_tokens):
                 return
-            n = self.chunk(r, budget, bool(chunks or decodes))
+            n = self.chunk(r, budget, chunk_left, bool(chunks) or decoding, waiting=True)
             if n == 0:
                 return
             self.waiting.popleft()
@@ -159,6 +200,7 @@ class Rank:
             self.running.append(r)
             chunks.append((r, n))
             budget -= n
+            chunk_left = None if chunk_left is None else chunk_left - n
 
     def admit_handoffs(self) -> None:
         sim = self.instance.sim
@@ -220,6 +262,7 @@ class Rank:
         r.prompt = r.input + r.generated
         r.prefilled = r.prefix_hit
         r.state = WAITING
+        self.ratio = Scheduler.INIT_RATIO
         self.instance.sim.requeue(r, self)
 
 
@@ -268,6 +311,7 @@ class _Simulation:
         self.limit, self.duration, self.progress = requests, duration, progress
         self.env = simpy.Environment()
         self.requests: list[Request] = []
+        self.arrived = 0  # open-loop arrivals so far (a capped client may not have sent them yet)
         self.steps: list[tuple] = []
         self.completed = 0
         self.drafts: list[int] = []  # MTP tokens emitted per sequence-step, drawn in blocks and consumed in order
@@ -351,16 +395,31 @@ class _Simulation:
             sys.stderr.write(f"\rserving: {self.completed}{total} requests done, t = {self.env.now:.1f} s")
 
     def open_loop(self, arrivals):
+        cap = self.load.max_concurrency if isinstance(self.load, OpenLoop) else None
+        slots = simpy.Resource(self.env, capacity=cap) if cap else None
         for t, shape in arrivals:
-            if (self.limit is not None and len(self.requests) >= self.limit) or (
+            if (self.limit is not None and self.arrived >= self.limit) or (
                     self.duration is not None and t >= self.duration):
                 return
             yield self.env.timeout(t - self.env.now)
-            self.submit(shape)
+            self.arrived += 1
+            if slots is None:
+                self.submit(shape)
+            else:
+                self.env.process(self.client(slots, shape))
 
     def user(self, shapes):
         while self.limit is None or len(self.requests) < self.limit:
             r = self.submit(next(shapes))
+            r.done = self.env.event()
+            yield r.done
+
+    def client(self, slots: simpy.Resource, shape: Shape):
+        """A bench client under --max-concurrency: the request is sent (and its latencies start) once a slot is
+        free, and holds it until it completes."""
+        with slots.request() as turn:
+            yield turn
+            r = self.submit(shape)
             r.done = self.env.event()
             yield r.done
 
