@@ -1,7 +1,9 @@
 """Regenerate the communication validation table: predicted vs published (K01, K07, K08, K11, K25-K27).
 
 Run: python experiments/comm_validation.py   -> experiments/results/comm_validation.{csv,md}
-Rows marked `fit` were used to fit `efficiency.link` of the chip; the others are predictions.
+Rows marked `fit` were used to fit a parameter of the chip: K11 / K26 `efficiency.link`, K07 (bulk all-to-all,
+DeepEP normal mode) `efficiency.bulk_all_to_all` and `overheads.all_to_all_peer` (experiments/calibrate.py); the
+others are predictions.
 """
 
 from __future__ import annotations
@@ -18,6 +20,13 @@ GB = 1e9
 SIZE = 1 << 30  # large-message regime of the microbenchmarks (their sizes are not all stated)
 DEEPEP_NORMAL = 4096 * 8 * 7168  # 4,096 tokens x top-8 x hidden 7,168, INT8 dispatch (bytes one rank sends)
 LOW_LATENCY = 128 * 8 * 7168
+K07 = ((8, 146, 125), (16, 107, 103), (32, 102, 95), (64, 81, 91), (128, 57, 81))  # EP, dispatch / combine GB/s
+
+
+def deepep_normal(system, ep: int) -> tuple[float, float]:
+    """Bottleneck bandwidths (GB/s) of a DeepEP normal-mode dispatch (INT8) and combine (BF16) over `ep` ranks."""
+    return tuple(DEEPEP_NORMAL * scale / collective_time(Collective("all_to_all", DEEPEP_NORMAL * scale, ep, bulk=True),
+                                                         system).time / GB for scale in (1, 2))
 
 
 def rows():
@@ -37,9 +46,10 @@ def rows():
     for label, stride, w, r in (("intra-node", 2, 124, 148), ("inter-node", 16, 120, 143)):
         yield "K26", f"A3 HIXL D2D {label} write (8 MB)", "GB/s", w, bw(cm, "p2p", 8 << 20, 2, stride), "fit"
         yield "K26", f"A3 HIXL D2D {label} read (8 MB)", "GB/s", r, bw(cm, "p2p", 8 << 20, 2, stride), "fit"
-    for ep, d, c in ((8, 146, 125), (16, 107, 103), (32, 102, 95), (64, 81, 91), (128, 57, 81)):
-        yield "K07", f"A3 DeepEP normal dispatch EP{ep} (INT8)", "GB/s", d, bw(cm, "all_to_all", DEEPEP_NORMAL, ep), "predict"
-        yield "K07", f"A3 DeepEP normal combine EP{ep} (BF16)", "GB/s", c, bw(cm, "all_to_all", 2 * DEEPEP_NORMAL, ep), "predict"
+    for ep, d, c in K07:
+        dispatch, combine = deepep_normal(cm, ep)
+        yield "K07", f"A3 DeepEP normal dispatch EP{ep} (INT8)", "GB/s", d, dispatch, "fit"
+        yield "K07", f"A3 DeepEP normal combine EP{ep} (BF16)", "GB/s", c, combine, "fit"
     for ep, d, c in ((8, 132, 126), (16, 139, 135), (32, 153, 151)):
         yield "K08", f"A3 DeepEP low-latency dispatch EP{ep}", "us", d, lat(cm, "all_to_all", LOW_LATENCY, ep), "predict"
         yield "K08", f"A3 DeepEP low-latency combine EP{ep}", "us", c, lat(cm, "all_to_all", 2 * LOW_LATENCY, ep), "predict"

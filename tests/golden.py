@@ -148,6 +148,9 @@ CASES: list[tuple[str, dict, str, int]] = [
     ("moe_combine", {"tokens": 2048, "topk": 6, "hidden": 4096}, "950pr", 0),
     ("embedding", {"tokens": 4096, "hidden": 4096, "streams": 4}, "910c-die", 0),
     ("embedding", {"tokens": 3, "hidden": 7168}, "910b2", 0),
+    ("moe_permute", {"rows": 4096, "hidden": 7168, "out_dtype": "int8"}, "910c-die", 0),  # init_routing, W8A8
+    ("moe_permute", {"rows": 4096, "hidden": 7168, "dtype": "int8"}, "910c-die", 0),  # re_routing, scales carried
+    ("moe_permute", {"rows": 16, "hidden": 7168}, "950pr", 0),  # the un-sort, few rows (column tiles)
     ("cache_update", {"rows": 8, "elements": 576}, "910c-die", 0),
     ("cache_update", {"rows": 4096, "elements": 656}, "950dt", 0),
     ("swiglu", {"rows": 4096, "width": 2048}, "910c-die", 1),

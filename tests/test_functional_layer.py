@@ -18,7 +18,7 @@ RNG = np.random.default_rng(7)
 
 
 @pytest.mark.parametrize("name", ["mhc_pre", "mhc_post", "moe_gate", "compressor", "rope", "swiglu", "moe_combine",
-                                  "embedding", "cache_update"])
+                                  "moe_permute", "embedding", "cache_update"])
 def test_traced_execution_matches_float64(name):
     for e in verify.VERIFY[name]({}, RNG):
         assert e.max_rel < 1e-2, e  # bf16 outputs; fp32 mixes far tighter

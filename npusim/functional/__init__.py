@@ -185,4 +185,5 @@ def v4_attention(q: np.ndarray, kv: np.ndarray, sink: np.ndarray, scale: float, 
 
 
 from npusim.functional.layer_ops import (cache_update, compressor, dequantise, embedding, mhc_post,  # noqa: E402
-                                         mhc_pre, moe_combine, moe_gate, quantise, rope, sinkhorn, swiglu)
+                                         mhc_pre, moe_combine, moe_gate, moe_permute, quantise, rope, sinkhorn,
+                                         swiglu)

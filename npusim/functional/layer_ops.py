@@ -1,6 +1,6 @@
 """The ops around attention and the experts, executed by their kernels' tile traces (re-exported by
 `npusim.functional`): mHC pre/post and Sinkhorn, MoE gate and combine, the KV Compressor, RoPE, quantise /
-dequantise, SwiGLU, embedding. Shapes follow models.md §1-2; T tokens, n residual streams, d hidden."""
+dequantise, SwiGLU, the MoE routing permutations, embedding. Shapes follow models.md §1-2; T tokens, n residual streams, d hidden."""
 
 from __future__ import annotations
 
@@ -90,6 +90,22 @@ def moe_combine(y: np.ndarray, index: np.ndarray, weights: np.ndarray, shared: n
     t = {"y": rnd(y, "bf16"), "index": np.asarray(index).reshape(1, T * k), "w": rnd(weights, "fp32"),
          "shared": rnd(shared, "bf16"), "out": np.zeros((T, y.shape[1]))}
     return _run(kern, t, chip)["out"]
+
+
+def moe_permute(x: np.ndarray, index: np.ndarray, scales: np.ndarray | None = None, out_dtype: str = "",
+                chip: str | Chip = "910b2"):
+    """Rows x[index] [len(index), d] of x [n, d]: bf16 rows, or int8 rows with their scales [n] (carried along);
+    out_dtype 'int8' quantises bf16 rows, one scale per row -> (q, scales)."""
+    rows, d = len(index), x.shape[1]
+    kern = vector.MoePermute(rows, d, "int8" if scales is not None else "bf16", out_dtype)
+    t = {"x": x if scales is not None else rnd(x, "bf16"), "index": np.asarray(index)[None],
+         "out": np.zeros((rows, d))}
+    if scales is not None:
+        t["scales"] = np.asarray(scales, float).reshape(-1, 1)
+    if kern.stored == "int8":
+        t["out_s"] = np.zeros((rows, 1))
+    out = _run(kern, t, chip)
+    return (out["out"], out["out_s"][:, 0]) if kern.stored == "int8" else out["out"]
 
 
 def embedding(ids: np.ndarray, table: np.ndarray, streams: int = 1, chip: str | Chip = "910b2") -> np.ndarray:

@@ -237,6 +237,21 @@ def verify_moe_combine(shape: dict, rng: np.random.Generator) -> list[Error]:
     return [_err("bf16", F.moe_combine(y, idx, w, sh), R.moe_combine(rnd(y, "bf16"), idx, w, rnd(sh, "bf16")))]
 
 
+def verify_moe_permute(shape: dict, rng: np.random.Generator) -> list[Error]:
+    """init_routing (top-k expansion in expert order, INT8 per row), re_routing (INT8 rows and scales reordered)
+    and the un-sort (BF16 rows reordered) against x[index] of the same rounded rows."""
+    t, k, d = shape.get("tokens", 7), shape.get("topk", 4), shape.get("hidden", 512)
+    x, expand = rng.standard_normal((t, d)), np.repeat(np.arange(t), k)[rng.permutation(t * k)]
+    q, s = F.moe_permute(x, expand, out_dtype="int8")
+    q_ref, s_ref = F.quantise(rnd(x, "bf16")[expand], "int8", 0)
+    order = rng.permutation(t * k)
+    rq, rs = F.moe_permute(q, order, s)
+    y = rng.standard_normal((t * k, d))
+    return [_err("init_routing int8", q * s[:, None], q_ref * s_ref, bool((q == q_ref).all())),
+            _err("re_routing int8", rq, q[order], bool((rs == s[order]).all())),
+            _err("unsort bf16", F.moe_permute(y, order), rnd(y, "bf16")[order])]
+
+
 def verify_embedding(shape: dict, rng: np.random.Generator) -> list[Error]:
     t, d, n = shape.get("tokens", 7), shape.get("hidden", 512), shape.get("streams", 4)
     table, ids = rng.standard_normal((100, d)), rng.integers(0, 100, t)
@@ -248,7 +263,7 @@ VERIFY["quant_matmul"] = verify_quant_matmul
 VERIFY |= {"mhc_pre": verify_mhc_pre, "mhc_post": verify_mhc_post, "moe_gate": verify_moe_gate,
            "compressor": verify_compressor, "rope": verify_rope, "quantise": verify_quantise,
            "dequantise": verify_quantise, "swiglu": verify_swiglu, "moe_combine": verify_moe_combine,
-           "embedding": verify_embedding}
+           "moe_permute": verify_moe_permute, "embedding": verify_embedding}
 
 
 def verify_cache_update(shape: dict, rng: np.random.Generator) -> list[Error]:

@@ -17,7 +17,7 @@ from npusim.graph.ops import (LayerGraph, ModelGraph, Op, cache_store, gemm, gro
                               vector)
 from npusim.graph.positions import Queries
 from npusim.spec.model import OVERLAP_RATIO, ModelConfig
-from npusim.spec.quant import BF16, QuantScheme, get_quant
+from npusim.spec.quant import BF16, QuantScheme, Storage, get_quant
 
 PHASES = ("prefill", "decode")
 INDEX_BYTES = 4  # int32 top-k indices
@@ -26,8 +26,8 @@ INDEX_BYTES = 4  # int32 top-k indices
 class _Layers:
     """Op factory bound to one model, quantisation and step; one method per sublayer."""
 
-    def __init__(self, model: ModelConfig, quant: QuantScheme, q: Queries):
-        self.m, self.quant, self.q = model, quant, q
+    def __init__(self, model: ModelConfig, quant: QuantScheme, q: Queries, prefill: bool = False):
+        self.m, self.quant, self.q, self.prefill = model, quant, q, prefill
         self.t = q.tokens
         self.kv_row = accounting.kv_row_bytes(model, quant)
         self.idx_row = accounting.indexer_row_bytes(model, quant) if model.has_indexer else 0.0
@@ -144,10 +144,11 @@ class _Layers:
         hashed = layer < m.num_hash_layers
         gate = self.linear("moe_gate", h, e, None, kind="moe_gate")
         gate = replace(gate, shape=gate.shape | {"topk": k, "hash": int(hashed), "groups": m.n_group})
-        ops = [norm("ffn_norm", t, h), gate,
-               grouped_gemm("experts_gate_up", rows, h, 2 * inter, touched, w, self.quant.activation_for(w)),
+        act = self.quant.activation_for(w)
+        ops = [norm("ffn_norm", t, h), gate, *self.routing("moe_init_routing", "moe_re_routing", rows, act),
+               grouped_gemm("experts_gate_up", rows, h, 2 * inter, touched, w, act),
                swiglu("experts_swiglu", rows, inter, m.swiglu_limit),
-               grouped_gemm("experts_down", rows, inter, h, touched, w, self.quant.activation_for(w))]
+               grouped_gemm("experts_down", rows, inter, h, touched, w, act), *self.routing("moe_unsort", "", rows)]
         if m.n_shared_experts:
             width = m.n_shared_experts * inter
             ops += [self.linear("shared_gate_up", h, 2 * width, "shared_experts"),
@@ -155,6 +156,23 @@ class _Layers:
         combine = vector("moe_combine", "moe_combine", {"tokens": t, "topk": k, "hidden": h},
                          read=BF16.bytes_for(rows * h + t * h), written=BF16.bytes_for(t * h), flops=2.0 * rows * h)
         return ops + [combine]
+
+    def routing(self, first: str, second: str, rows: int, act: Storage = BF16) -> list[Op]:
+        """A bulk prefill's routing passes over the top-k rows (cann-recipes R1 "double routing"): before the
+        experts, init_routing (expand + sort by expert, INT8 per row when the experts take INT8: quant_mode 1) and
+        re_routing (the received rows by local expert); after them the un-sort of their BF16 outputs
+        (index_select). Decode's fused dispatch / combine route inside the communication kernel: none there. The
+        finalize_routing that restores the tokens' order and weights the rows is moe_combine."""
+        if not self.prefill:
+            return []
+        h, out = self.m.hidden_size, act if act.dtype == "int8" else BF16
+
+        def permute(name: str, src: Storage) -> Op:
+            return replace(vector(name, "moe_permute", {"rows": rows, "hidden": h}, read=src.bytes_for(rows * h),
+                                  written=out.bytes_for(rows * h), flops=3.0 * rows * h if src is not out else 0.0),
+                           dtypes={"x": src.dtype, "out": out.dtype})
+
+        return [permute(first, BF16)] + ([permute(second, out)] if second else [])
 
     # ------------------------------------------------------------------ DeepSeek-V4
     def mhc_pre(self, name: str, sinkhorn: bool = True) -> Op:
@@ -290,7 +308,7 @@ def build_graph(model: ModelConfig, phase: str, batch: int, length: int, *, mtp_
     mha = prefill and (dense_prefill or not model.has_indexer)
     q = Queries(batch=batch, first=cached + 1, per_seq=length) if prefill else \
         Queries(batch=batch, first=length, per_seq=1 + mtp_tokens)
-    f = _Layers(model, scheme, q)
+    f = _Layers(model, scheme, q, prefill)
     head_tokens = batch if prefill else q.tokens  # prefill needs logits of the last position only
     groups: dict[str, list[int]] = {}
     for layer in range(model.num_hidden_layers):

@@ -1,5 +1,5 @@
 """Vector-core kernels that stream token tiles through UB: mHC post, RoPE, quantise / dequantise, SwiGLU, MoE combine,
-the embedding gather and the cache-row scatter.
+the MoE routing permutations, the embedding gather and the cache-row scatter.
 
 One mechanism (`Tiled`): the op's GM operands are cut into tiles of `bt` tokens x `bc` columns of the op's wide axis
 (hidden, or a row's elements); the tokens are split evenly over the AIVs as CANN's vector ops split rows over their
@@ -645,6 +645,60 @@ class MoeCombine(Tiled):
     def steps(self) -> tuple[Step, ...]:
         return (Step("combine", self.outputs()[0], ("y", "w", "shared"), 2.0 * (self.topk + 1) * self.hidden,
                      (("topk", self.topk),)),)
+
+
+@register
+@dataclass(frozen=True)
+class MoePermute(Tiled):
+    """out[i] = x[index[i]]: the rows of a bulk-prefill MoE put in another order, one pass over them (cann-recipes
+    R1 prefill, "double routing"). init_routing (npu_moe_init_routing_v2) expands each token to its top-k rows in
+    expert order, quantised to INT8 with one scale per row under W8A8 (quant_mode 1, dynamic); re_routing
+    (npu_moe_re_routing) orders the rows the all-to-all brought by local expert, their scales carried along; the
+    un-sort (index_select) puts the experts' BF16 outputs back in the all-to-all's order. x [n, hidden] in `dtype`
+    (with scales [n, 1] when INT8) -> out [rows, hidden] in `out_dtype` ('' = as read; int8 = quantised per row).
+    Limit: the sort of the rows' 4-byte expert ids that makes the index is not in the trace (a key per row beside
+    a hidden-wide row), nor the smooth-quant scale of init_routing (one multiply per element)."""
+
+    name: ClassVar[str] = "moe_permute"
+    options: ClassVar[tuple[str, ...]] = ("dtype", "out_dtype")
+    rows: int
+    hidden: int = 7168
+    dtype: str = "bf16"
+    out_dtype: str = ""
+
+    @property
+    def tokens(self) -> int:
+        return self.rows
+
+    @property
+    def wide(self) -> int:
+        return self.hidden
+
+    @property
+    def stored(self) -> str:
+        return self.out_dtype or self.dtype
+
+    def _scaled(self) -> bool:
+        if self.stored not in ("bf16", "int8") or (self.dtype == "int8" and self.stored != "int8"):
+            raise NpusimError(f"moe_permute moves bf16 or int8 rows (bf16 -> int8 quantises); got {self.dtype} -> "
+                              f"{self.stored}", field="out_dtype")
+        return self.stored == "int8"
+
+    def inputs(self) -> tuple[Operand, ...]:
+        x = Operand("x", 1, self.hidden, self.dtype, gather="index")
+        return (x, Operand("s", 1, 1, "fp32", False, gather="index", array="scales")) if self.dtype == "int8" else (x,)
+
+    def outputs(self) -> tuple[Operand, ...]:
+        out = Operand("out", 1, self.hidden, self.stored)
+        return (out, Operand("out_s", 1, 1, "fp32", False)) if self._scaled() else (out,)
+
+    def steps(self) -> tuple[Step, ...]:
+        outs, h = self.outputs(), self.hidden
+        if self.dtype == self.stored:  # a pure permutation (re-routing carries the scales)
+            return tuple(Step("copy", o, (i.name,), 0.0) for o, i in zip(outs, self.inputs()))
+        args = (("elem", "int8"), ("block", 0), ("scale_fmt", "fp32"))
+        return (Step("quant_scale", outs[1], ("x",), 1.0 * h, args), Step("quant_apply", outs[0], ("x", "out_s"),
+                                                                              2.0 * h, args))
 
 
 @register

@@ -16,6 +16,10 @@ in one round (`aiv_setup` and one latency); a larger one is expanded by the AI C
 (`aicpu_setup` and a latency per step): that switch is the 5x step in all-gather time near 512 KiB per rank on A3.
 A reduce-scatter then streams the g shards it holds through HBM to sum them (read g, write one); an all-reduce is a
 reduce-scatter and an all-gather. Rates are `hccl.efficiency` of the tiers' bandwidth.
+A bulk all-to-all (the prefill's expert dispatch and combine: HCCL all_to_all_v of cann-recipes' double routing,
+DeepEP normal mode) moves its rows at a further `efficiency.bulk_all_to_all` of that rate and pays
+`overheads.all_to_all_peer` for every other rank of its group (a transfer and notify task per peer; fitted on K07);
+the fused low-latency dispatch / combine of decode does not.
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ class Collective:
     """One collective over `group` ranks.
 
     bytes: all_gather / broadcast: the full output per rank; reduce_scatter / all_reduce: the full input per rank;
-    all_to_all: everything one rank sends (its share to itself included); p2p: the message.
+    all_to_all: everything one rank sends (its share to itself included); p2p: the message. `bulk`: an all-to-all run
+    by a bulk kernel (prefill), not the fused low-latency one.
     """
 
     kind: str
@@ -43,6 +48,7 @@ class Collective:
     group: int
     stride: int = 1
     algorithm: str = "auto"
+    bulk: bool = False
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -52,6 +58,8 @@ class Collective:
                               field="algorithm")
         if self.group < 1 or self.stride < 1 or self.bytes < 0:
             raise NpusimError(f"collective {self.kind} needs group >= 1, stride >= 1 and bytes >= 0")
+        if self.bulk and self.kind != "all_to_all":
+            raise NpusimError(f"only an all-to-all runs as a bulk kernel, not {self.kind}", field="bulk")
 
 
 @dataclass(frozen=True)
@@ -95,7 +103,9 @@ def _flat(kind: str, size: float, g: int, tier: Tier, eff: float, algorithm: str
 
 
 def collective_time(c: Collective, system: System) -> CommResult:
-    eff = system.chip_spec.efficiency.link
+    chip = system.chip_spec
+    bulk = c.bulk and c.group > 1 and c.bytes > 0
+    eff = chip.efficiency.link * (chip.efficiency.bulk_all_to_all if bulk else 1.0)
     span = c.group * c.stride
     tier_name, tier = system.tier_for(span)
     hccl = _node_hccl(c, system, span)
@@ -104,6 +114,7 @@ def collective_time(c: Collective, system: System) -> CommResult:
         return CommResult(t, "hccl-aiv" if _per_rank(c) <= hccl.aiv_entry[c.kind] else "hccl-aicpu-ring",
                           tier_name, c.bytes / t)
     setup = tier.setup if c.kind != "p2p" and c.group > 1 and c.bytes > 0 else 0.0
+    setup += (c.group - 1) * chip.overheads.all_to_all_peer if bulk else 0.0
     options: dict[str, float] = {}
     if c.algorithm in ("auto", "ring", "mesh"):
         for alg in (("ring", "mesh") if c.algorithm == "auto" else (c.algorithm,)):

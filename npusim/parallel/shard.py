@@ -33,7 +33,8 @@ from npusim.spec.model import ModelConfig
 from npusim.spec.plan import Instance, Plan
 from npusim.spec.quant import QuantScheme
 
-ROUTED = ("experts_gate_up", "experts_swiglu", "experts_down")
+ROUTED = ("experts_gate_up", "experts_swiglu", "experts_down", "moe_re_routing", "moe_unsort")
+REROUTING = ("moe_re_routing", "moe_unsort")  # only where an all-to-all brought the rows (EP or MoE TP > 1)
 DENSE_FFN = ("gate_up_proj", "swiglu", "down_proj")
 O_PROJ = ("o_proj", "o_b_proj")
 HEAD = ("lm_head",)
@@ -136,7 +137,7 @@ def shard_op(op: Op, inst: Instance, model: ModelConfig, plan: Plan, token_scale
         return scale_op(op, tokens=die * t, n_div=t)
     if op.name in EMBED:
         return scale_op(op, tokens=token_scale, weights=1.0 / inst.embed_tp)
-    if op.name in SIDE_STREAM_OPS or op.name in ("moe_gate", "moe_combine"):
+    if op.name in SIDE_STREAM_OPS or op.name in ("moe_gate", "moe_init_routing", "moe_combine"):
         return scale_op(op, tokens=die, weights=1.0)
     if op.name in ALL_KEYS:
         return scale_op(op, tokens=1.0 / a.tp, weights=1.0 / a.tp)
@@ -158,9 +159,9 @@ def _comms(name: str, ops: tuple[Op, ...], inst: Instance, model: ModelConfig, q
     names = [o.name for o in ops]
     out: list[Comm] = []
 
-    def add(name, kind, size, group, after, before):
+    def add(name, kind, size, group, after, before, bulk=False):
         if group > 1 and after in names and (before in names or before == ""):
-            out.append(Comm(name, Collective(kind, size, group), after, before))
+            out.append(Comm(name, Collective(kind, size, group, bulk=bulk), after, before))
 
     if phase == "prefill" and a.cp > 1 and "attention" in names:
         row = accounting.kv_row_bytes(model, quant) + (  # indexer keys only where a rank scores them
@@ -192,10 +193,11 @@ def _comms(name: str, ops: tuple[Op, ...], inst: Instance, model: ModelConfig, q
             o_op, nxt)
     if "experts_gate_up" in names and inst.moe.ep * inst.moe.tp > 1:
         k, sent = model.num_experts_per_tok, die * inst.moe.tp  # every die of an expert's MoE-TP group gets its rows
-        add("moe_dispatch", "all_to_all", sent * k * h * _act_bytes(quant), inst.moe.ep * inst.moe.tp, "moe_gate",
-            "experts_gate_up")
-        add("moe_combine_all_to_all", "all_to_all", sent * k * h * 2, inst.moe.ep * inst.moe.tp, "experts_down",
-            "moe_combine")
+        bulk = "moe_re_routing" in names  # a prefill's double routing: the rows are permuted around the all-to-all
+        add("moe_dispatch", "all_to_all", sent * k * h * _act_bytes(quant), inst.moe.ep * inst.moe.tp,
+            "moe_init_routing" if bulk else "moe_gate", "moe_re_routing" if bulk else "experts_gate_up", bulk)
+        add("moe_combine_all_to_all", "all_to_all", sent * k * h * 2, inst.moe.ep * inst.moe.tp,
+            "moe_unsort" if bulk else "experts_down", "moe_combine", bulk)
     if "gate_up_proj" in names and inst.dense_tp > 1:
         d = inst.dense_tp
         add("dense_all_gather", "all_gather", die * d * h * 2, d, "ffn_norm", "gate_up_proj")
@@ -241,8 +243,10 @@ def shard(model: ModelConfig, plan: Plan, phase: str, *, batch: int, length: int
     tokens = graph.scenario["tokens"] * token_scale
     seq_tokens = graph.scenario["tokens"]
     layers = []
+    alone = inst.moe.ep * inst.moe.tp == 1  # the experts' rows never leave the rank: no re-routing around them
     for lg in graph.layers:
-        ops = tuple(shard_op(op, inst, model, plan, token_scale) for op in lg.ops)
+        ops = tuple(shard_op(op, inst, model, plan, token_scale) for op in lg.ops
+                    if not (alone and op.name in REROUTING))
         comms = tuple(_comms(lg.name, ops, inst, model, quant, tokens, seq_tokens, phase))
         layers.append(RankLayer(lg.name, ops, comms, lg.repeat, _offload_bytes(ops, plan, model, quant, phase)))
     return RankStep(phase=phase, instance=inst, sequences=per_replica * token_scale, tokens=math.ceil(tokens),

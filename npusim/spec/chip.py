@@ -103,6 +103,9 @@ class Overheads:
                                 doc="the further start-up of a MIX task, which starts an AIC and its two AIVs per "
                                     "block (KERNEL_TYPE_MIX_AIC_1_2) where an AIC-only or AIV-only task starts one "
                                     "kind of core")
+    all_to_all_peer: float = quantity("time", minimum=0.0, strict=False,
+                                      doc="per peer of a bulk (prefill) all-to-all: its own transfer and notify "
+                                          "task for every other rank of the group")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,6 +138,8 @@ class Efficiency:
     hbm: float = ratio()
     l2: float = ratio()
     link: float = ratio()
+    bulk_all_to_all: float = ratio(doc="of the link rate a bulk (prefill) all-to-all kernel moves its rows at "
+                                       "(HCCL all_to_all_v, DeepEP normal mode), beside its per-peer cost")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,81 @@
+"""A bulk prefill's MoE as cann-recipes runs it (R1 prefill, "double routing"): init_routing, the dispatch
+all-to-all, re_routing, the experts, the un-sort, the combine all-to-all, finalize_routing (moe_combine); its
+all-to-alls are bulk kernels with their own efficiency and per-peer cost, fitted on K07."""
+
+import dataclasses
+
+import pytest
+
+from npusim.errors import NpusimError
+from npusim.parallel.collectives import Collective, collective_time
+from npusim.parallel.shard import shard
+from npusim.spec.model import load_model
+from npusim.spec.plan import load_plan
+from npusim.spec.quant import get_quant
+from npusim.spec.system import load_system
+
+R1, W8A8 = load_model("deepseek-v3.1"), get_quant("w8a8")
+A15 = load_plan("r1-a3-prefill-a15")  # 32 ranks, DP32 + EP32
+
+
+def _moe_layer(plan, phase="prefill", batch=64, length=4096):
+    step = shard(R1, plan, phase, batch=batch, length=length, quant=W8A8)
+    return next(layer for layer in step.layers if layer.name == "mla-moe")
+
+
+def test_double_routing_passes_are_in_the_prefill_graph_around_the_all_to_alls():
+    layer = _moe_layer(A15)
+    names = [o.name for o in layer.ops]
+    order = ["moe_gate", "moe_init_routing", "moe_re_routing", "experts_gate_up", "experts_down", "moe_unsort",
+             "moe_combine"]
+    assert [n for n in names if n in order] == order
+    comms = {c.name: (c.after, c.before) for c in layer.comms}
+    assert comms["moe_dispatch"] == ("moe_init_routing", "moe_re_routing")
+    assert comms["moe_combine_all_to_all"] == ("moe_unsort", "moe_combine")
+    ops = {o.name: o for o in layer.ops}
+    rows, h = 8192 * 8, 7168  # two 4K prompts per rank, top-8
+    init, rerouting, unsort = ops["moe_init_routing"], ops["moe_re_routing"], ops["moe_unsort"]
+    assert init.shape == rerouting.shape == unsort.shape == {"rows": rows, "hidden": h}
+    # one pass each: init reads BF16 and writes INT8 rows (quant_mode 1), re-routing moves INT8, the un-sort BF16
+    int8 = W8A8.activation.bytes_for(rows * h)
+    assert (init.bytes_read, init.bytes_written) == (2 * rows * h, pytest.approx(int8))
+    assert (rerouting.bytes_read, rerouting.bytes_written) == (pytest.approx(int8), pytest.approx(int8))
+    assert (unsort.bytes_read, unsort.bytes_written) == (2 * rows * h, 2 * rows * h)
+    assert all(c.collective.bulk for c in layer.comms if c.name.startswith("moe_"))
+
+
+def test_decode_and_a_lone_die_route_without_the_bulk_passes():
+    decode = _moe_layer(load_plan("r1-a3-decode-a16"), "decode", batch=6144)
+    assert not {"moe_init_routing", "moe_re_routing", "moe_unsort"} & {o.name for o in decode.ops}
+    assert not any(c.collective.bulk for c in decode.comms)
+    alone = load_plan("r1-a3-prefill-a15", {"prefill.ranks": "1", "prefill.attention.dp": "1", "prefill.moe.ep": "1"})
+    names = {o.name for o in _moe_layer(alone, batch=1).ops}
+    assert "moe_init_routing" in names and not {"moe_re_routing", "moe_unsort"} & names
+
+
+def test_a_bulk_all_to_all_pays_its_efficiency_and_a_cost_per_peer():
+    cm = load_system("cloudmatrix384")
+    chip = cm.chip_spec
+    size = 4096 * 8 * 7168
+    for group in (8, 64):
+        fused, bulk = (collective_time(Collective("all_to_all", size, group, bulk=b), cm).time for b in (False, True))
+        assert bulk > fused
+    free = dataclasses.replace(cm, chip_spec=dataclasses.replace(
+        chip, overheads=dataclasses.replace(chip.overheads, all_to_all_peer=0.0)))
+    extra = [collective_time(Collective("all_to_all", size, g, bulk=True), cm).time -
+             collective_time(Collective("all_to_all", size, g, bulk=True), free).time for g in (8, 64)]
+    assert extra == pytest.approx([7 * chip.overheads.all_to_all_peer, 63 * chip.overheads.all_to_all_peer])
+    with pytest.raises(NpusimError, match="only an all-to-all"):
+        Collective("all_gather", size, 8, bulk=True)
+
+
+def test_k07_is_met_by_the_bulk_all_to_all_fit():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    from comm_validation import table
+
+    frame = table()
+    k07 = frame[frame.id == "K07"]
+    assert len(k07) == 10 and (k07.use == "fit").all() and (k07["error %"].abs() <= 15).all()
