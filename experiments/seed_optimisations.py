@@ -39,8 +39,7 @@ def main() -> None:
         ("TTFT 128K before -> after (s)", "8.2 -> 1.9", f"{base.ttft:.2f} -> {best.ttft:.2f} ({best_name})",
          "Claim's 4.3x is not reproduced: at 128K the Lightning Indexer and Sparse Flash Attention dominate and are "
          "already fused kernels in both columns; the switches npusim can turn off (prolog fusion, buffering of GEMM/"
-         "row-wise/indexer) buy %.0f %%, chunking costs time (weights re-read and every chunk's MoE all-to-alls paying "
-         "their per-peer cost)." %
+         "row-wise/indexer) buy %.0f %%, chunking costs time (weights re-read per chunk)." %
          (100 * (1 - best.ttft / base.ttft))),
         ("Memory per card before -> after (GB)", "48 -> 22",
          f"{base.memory['prefill'].total / gib:.1f} -> {chunk.memory['prefill'].total / gib:.1f} (16K chunks)",
@@ -52,9 +51,8 @@ def main() -> None:
          "TFLOPS/W cannot be BF16 FLOPs per chip watt (perhaps INT8/INT4 ops per kernel watt, or a typo)."),
         ("Multi-card CP: exposed KV exchange, all-gather -> ring (% of prefill)", "8-card speedup 3.2x, comm 60 %",
          f"{100 * exposed(gather):.1f} % -> {100 * exposed(ring):.1f} %; TTFT {gather.ttft:.2f} -> {ring.ttft:.2f} s",
-         "On A3's UB the CP64 KV all-gather is small beside 128K attention, so ring overlap buys little (what is "
-         "exposed is mostly the 16K chunks' MoE all-to-alls); the claim's 60 % comm share fits a slower PCIe/HCCS "
-         "8-card box, which npusim cannot express for this model (see top)."),
+         "On A3's UB the CP64 KV all-gather is small beside 128K attention, so ring overlap buys little; the claim's "
+         "60 % comm share fits a slower PCIe/HCCS 8-card box, which npusim cannot express for this model (see top)."),
     ]
     table = pd.DataFrame(rows, columns=["quantity", "seed 000 claim", "npusim prediction", "agreement / why not"])
     OUT.mkdir(exist_ok=True)

@@ -53,6 +53,16 @@ def test_decode_and_a_lone_die_route_without_the_bulk_passes():
     assert "moe_init_routing" in names and not {"moe_re_routing", "moe_unsort"} & names
 
 
+def test_a_prefill_whose_tokens_fit_the_fused_dispatch_routes_as_decode_does():
+    """vllm-ascend's choice on A3: MC2 up to its token capacity (512 per die by default), the bulk all-to-all above."""
+    routing = {"moe_init_routing", "moe_re_routing", "moe_unsort"}
+    small = _moe_layer(A15, batch=32, length=512)  # 512 tokens per die
+    assert not routing & {o.name for o in small.ops} and not any(c.collective.bulk for c in small.comms)
+    assert routing <= {o.name for o in _moe_layer(A15, batch=32, length=513).ops}
+    always = load_plan("r1-a3-prefill-a15", {"prefill.moe.fused_dispatch_tokens": "0"})
+    assert all(c.collective.bulk for c in _moe_layer(always, batch=32, length=512).comms if c.name.startswith("moe_"))
+
+
 def test_a_bulk_all_to_all_pays_its_efficiency_and_a_cost_per_peer():
     cm = load_system("cloudmatrix384")
     chip = cm.chip_spec

@@ -19,7 +19,8 @@ reduce-scatter and an all-gather. Rates are `hccl.efficiency` of the tiers' band
 A bulk all-to-all (the prefill's expert dispatch and combine: HCCL all_to_all_v of cann-recipes' double routing,
 DeepEP normal mode) moves its rows at a further `efficiency.bulk_all_to_all` of that rate and pays
 `overheads.all_to_all_peer` for every other rank of its group (a transfer and notify task per peer; fitted on K07);
-the fused low-latency dispatch / combine of decode does not.
+the fused low-latency dispatch / combine (MC2: decode, and a prefill
+whose tokens per die fit `moe.fused_dispatch_tokens`) does not.
 """
 
 from __future__ import annotations

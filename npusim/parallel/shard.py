@@ -15,6 +15,9 @@ The graph builder gives the ops of a step for a batch. A rank under the plan see
 - routed experts: the rank's experts ((routed + redundant) / ep) fed with its share's top-k rows (gathered over the
   MoE-TP group) times the routing imbalance (busiest rank / mean), weights read once per touched expert;
 - kv_b_proj of an MHA-mode prefill: every key the rank attends to, under CP the whole gathered sequence.
+- a prefill's MoE routing passes (init_routing, re_routing, the un-sort) and its bulk all-to-alls, unless its
+  tokens per die fit the fused dispatch (`moe.fused_dispatch_tokens`, vllm-ascend's MC2 capacity), which routes
+  inside its kernel as decode's does; no re-routing where the experts' rows never leave the rank.
 Collectives are placed between the op that produces their input and the op that consumes their output.
 """
 
@@ -35,6 +38,7 @@ from npusim.spec.quant import QuantScheme
 
 ROUTED = ("experts_gate_up", "experts_swiglu", "experts_down", "moe_re_routing", "moe_unsort")
 REROUTING = ("moe_re_routing", "moe_unsort")  # only where an all-to-all brought the rows (EP or MoE TP > 1)
+ROUTING = ("moe_init_routing", *REROUTING)  # the bulk path's passes; the fused dispatch routes inside its kernel
 DENSE_FFN = ("gate_up_proj", "swiglu", "down_proj")
 O_PROJ = ("o_proj", "o_b_proj")
 HEAD = ("lm_head",)
@@ -224,6 +228,14 @@ def _offload_bytes(ops: tuple[Op, ...], plan: Plan, model: ModelConfig, quant: Q
     return rows * accounting.kv_row_bytes(model, quant) * (1.0 - plan.kv_offload.reuse)
 
 
+def _unrouted(inst: Instance, die_tokens: float) -> tuple[str, ...]:
+    """Routing passes a prefill step does not run: all of them when its die's tokens fit the fused dispatch
+    (moe.fused_dispatch_tokens), the re-routing when the experts' rows never leave the rank (EP x MoE TP = 1)."""
+    if die_tokens <= inst.moe.fused_dispatch_tokens:
+        return ROUTING
+    return REROUTING if inst.moe.ep * inst.moe.tp == 1 else ()
+
+
 def shard(model: ModelConfig, plan: Plan, phase: str, *, batch: int, length: int, quant: QuantScheme,
           cached: int = 0) -> RankStep:
     """The busiest rank's step. `batch` is the instance's global batch; `length` the prompt tokens computed now
@@ -243,10 +255,9 @@ def shard(model: ModelConfig, plan: Plan, phase: str, *, batch: int, length: int
     tokens = graph.scenario["tokens"] * token_scale
     seq_tokens = graph.scenario["tokens"]
     layers = []
-    alone = inst.moe.ep * inst.moe.tp == 1  # the experts' rows never leave the rank: no re-routing around them
+    dropped = _unrouted(inst, tokens / a.tp)
     for lg in graph.layers:
-        ops = tuple(shard_op(op, inst, model, plan, token_scale) for op in lg.ops
-                    if not (alone and op.name in REROUTING))
+        ops = tuple(shard_op(op, inst, model, plan, token_scale) for op in lg.ops if op.name not in dropped)
         comms = tuple(_comms(lg.name, ops, inst, model, quant, tokens, seq_tokens, phase))
         layers.append(RankLayer(lg.name, ops, comms, lg.repeat, _offload_bytes(ops, plan, model, quant, phase)))
     return RankStep(phase=phase, instance=inst, sequences=per_replica * token_scale, tokens=math.ceil(tokens),

@@ -36,6 +36,11 @@ class Attention:
 class Moe:
     ep: int = count(default=1)
     tp: int = count(default=1)
+    fused_dispatch_tokens: int = count(
+        default=512, minimum=0,
+        doc="tokens per die up to which a prefill step's MoE uses the fused low-latency dispatch / combine (MC2) "
+            "as decode does; above it, the bulk all-to-all with its routing passes. vllm-ascend on A3 switches at "
+            "its mc2_tokens_capacity, at most 512; 0 = always bulk (SGLang DeepEP auto mode: normal for prefill)")
 
 
 @dataclass(frozen=True, kw_only=True)
