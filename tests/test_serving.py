@@ -1,5 +1,6 @@
 """Request-level serving simulation: queueing laws, solo-request exactness, overload, determinism, KV pressure."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -274,3 +275,24 @@ def test_a_concurrency_cap_beside_a_request_rate_holds_requests_at_the_client():
     assert capped.mean_in_system <= 3 + 1e-9
     with pytest.raises(NpusimError, match="max_concurrency"):
         OpenLoop(1.0, Fixed(10), Fixed(10), max_concurrency=0)
+
+
+def test_sglang_prefill_delayer_holds_prompts_until_the_dp_ranks_prefill_together():
+    """SGLang's PrefillDelayer on 4 DP ranks: prompts that arrive at one rank while the others decode are held (up to
+    30 passes), so fewer steps carry prompts, more ranks prefill in each, and TTFT grows; 1 pass holds nothing."""
+    load = ClosedLoop(16, Fixed(1000), Uniform(16, 128))  # requests end apart, so ranks become free apart
+    four = Deployment(prefill=Pool(ranks=4))
+
+    def run(passes):
+        return simulate(dataclasses.replace(four, scheduler=Scheduler("sglang", prefill_delay=passes)), load, MODEL,
+                        seed=0, requests=64)
+
+    off, held = run(0), run(30)
+    prefills = (off.steps.prefill_tokens > 0).sum(), (held.steps.prefill_tokens > 0).sum()
+    assert prefills[1] < prefills[0]
+    assert held.steps.prefill_tokens[held.steps.prefill_tokens > 0].mean() > \
+        off.steps.prefill_tokens[off.steps.prefill_tokens > 0].mean()
+    assert held.summary.ttft.mean > off.summary.ttft.mean
+    assert run(1).requests.equals(off.requests)
+    with pytest.raises(NpusimError, match="SGLang's"):
+        Scheduler("vllm", prefill_delay=30)

@@ -104,6 +104,7 @@ def test_serve_cli_rate_sweep_finds_the_knee(cli, tmp_path):
     ((), "give a load: --rate, --rates, --concurrency or --trace"),
     (("--trace", "TRACE", "--concurrency", "2"), "drop --concurrency"),
     (("--rate", "1", "--mixed-chunk"), "mixed chunks are SGLang"),
+    (("--rate", "1", "--prefill-delay", "30"), "prefill delayer is SGLang's"),
     (("--rates", "4,2"), "increasing order"),
     (("--rate", "1", "--slo", "ttft=fast"), "--slo"),
     (("--rate", "1", "--input", "gauss:5"), "not a length distribution"),

@@ -58,6 +58,10 @@ def register(sub) -> None:
                         "max_prefill_tokens, counts prompt tokens only; prefill batches run alone); default vllm")
     p.add_argument("--mixed-chunk", action="store_true",
                    help="sglang: decodes ride along in prefill batches (SGLang --enable-mixed-chunk)")
+    p.add_argument("--prefill-delay", type=int, default=0, metavar="PASSES",
+                   help="sglang, co-located DP ranks: hold a prompt up to PASSES steps while other ranks cannot "
+                        "prefill (SGLang's PrefillDelayer: SGLANG_SCHEDULER_DECREASE_PREFILL_IDLE=1, "
+                        "SGLANG_PREFILL_DELAYER_MAX_DELAY_PASSES, 30 by default there); default 0, off")
     p.add_argument("--max-batch", type=int, default=MAX_BATCH,
                    help=f"running sequences per rank (vLLM max_num_seqs, SGLang max_running_requests / dp; "
                         f"default {MAX_BATCH})")
@@ -93,7 +97,8 @@ def run(args) -> None:
     running = {role: n for role, n in (("prefill", args.prefill_max_batch), ("decode", args.decode_max_batch))
                if n is not None}
     served = ServedPlan.of(setup, max_batch=args.max_batch, token_budget=args.token_budget,
-                           chunked=not args.no_chunking, scheduler=Scheduler(args.scheduler, args.mixed_chunk),
+                           chunked=not args.no_chunking, scheduler=Scheduler(args.scheduler, args.mixed_chunk,
+                                                                            args.prefill_delay),
                            running=running)
     figures = Path(args.figures) if args.figures else None
     if figures:
@@ -191,6 +196,7 @@ def header(served: ServedPlan, args, requests: int | None) -> None:
     limits = ", ".join(f"{role} {cap.max_batch}" for role, cap in caps.items()) if d.decode else \
         str(caps["prefill"].max_batch)
     sched = d.scheduler.policy + (" with mixed chunks" if d.scheduler.mixed_chunk else "")
+    sched += f" with a {d.scheduler.prefill_delay}-pass prefill delay" if d.scheduler.prefill_delay else ""
     print(f"per rank: KV cache {cache}; running limit {limits}, token budget {caps['decode'].token_budget}"
           f"{' (chunked prefill)' if d.chunk_size else ''}, {sched} scheduler; MTP depth {d.mtp.depth}"
           + (f" accepting each draft with p = {d.mtp.acceptance:.3f}" if d.mtp.depth else ""))

@@ -99,11 +99,17 @@ class Scheduler:
       request min(remaining output, 4096) x new_token_ratio, which starts at 0.7, falls by (0.7 - 0.098) / 600 per
       decode step to 0.098 and returns to 0.7 after a preemption (SGLANG_INIT_NEW_TOKEN_RATIO,
       _MIN_NEW_TOKEN_RATIO_FACTOR, _NEW_TOKEN_RATIO_DECAY_STEPS, _CLIP_MAX_NEW_TOKENS_ESTIMATION defaults).
+    `prefill_delay`: SGLang's PrefillDelayer (SGLANG_SCHEDULER_DECREASE_PREFILL_IDLE=1, a co-located DP-attention
+      instance): every pass the DP ranks tell each other whether they could prefill; while some can and some cannot,
+      the prefill is held (the ranks decode) for up to this many passes (SGLANG_PREFILL_DELAYER_MAX_DELAY_PASSES, 30 by
+      default in SGLang), so the ranks' prefills run in the same steps instead of each stalling the others' decodes.
+      0: off. Passes in which no rank decodes are idle polls, taken as instantaneous (the prefill is not held).
     Limit: SGLang's ratio after a retraction is recomputed from the retracted batch; here it returns to its start.
     """
 
     policy: str = "vllm"
     mixed_chunk: bool = False
+    prefill_delay: int = 0
 
     INIT_RATIO: ClassVar[float] = 0.7
     MIN_RATIO: ClassVar[float] = 0.7 * 0.14
@@ -116,6 +122,10 @@ class Scheduler:
         if self.mixed_chunk and self.policy != "sglang":
             raise NpusimError("mixed chunks are SGLang's option (--enable-mixed-chunk); vLLM always mixes",
                               field="--mixed-chunk")
+        if self.prefill_delay < 0 or (self.prefill_delay and self.policy != "sglang"):
+            raise NpusimError(f"the prefill delayer is SGLang's (SGLANG_SCHEDULER_DECREASE_PREFILL_IDLE) and counts "
+                              f"passes (>= 0); got {self.prefill_delay} with the {self.policy} scheduler",
+                              field="--prefill-delay")
 
     @property
     def decodes_count(self) -> bool:

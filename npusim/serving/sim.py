@@ -13,6 +13,8 @@ Scheduling on a rank, per step, with the semantics of the framework the deployme
     prompt's cache; prefix-cache hits are already there and are not recomputed.
   vLLM runs both in one (mixed) step, the decodes first and spending the budget; SGLang runs a prefill batch alone
   whenever a prompt can be admitted (the decodes wait) and a decode batch otherwise (see `Scheduler`).
+  SGLang's prefill delayer (`Scheduler.prefill_delay`) holds the prompts of every rank while some ranks could
+  prefill and others could not, up to that many passes, so the ranks prefill in the same steps.
 A mixed step (co-located instances) costs its prefill part plus its decode part. The last prompt chunk computes the
 first token. Disaggregated: the prefill rank keeps the cache until a decode rank has admitted the request and the
 cache has crossed the link, and the first token reaches the user with it, from the decode rank (SGLang / vLLM PD
@@ -93,17 +95,24 @@ class Rank:
         self.instance.sim.count(waiting=1)
         self.instance.kick()
 
-    def plan(self):
-        """Form this step's batch: (seconds, decoding requests, [(prefilling request, prompt tokens)])."""
+    def prefillable(self) -> bool:
+        """Whether this rank would run prompt tokens now (a part-done prompt, or a waiting one it can admit)."""
+        return any(r.state is PREFILL for r in self.running) or bool(
+            self.waiting and len(self.running) < self.max_batch and self.fits(self.waiting[0], 0))
+
+    def plan(self, prefill: bool = True):
+        """Form this step's batch: (seconds, decoding requests, [(prefilling request, prompt tokens)]); `prefill`
+        False: the prompts are held this pass (SGLang's prefill delayer)."""
         if not self.running and not self.waiting:
             return IDLE
         inst, sched = self.instance, self.instance.sim.deployment.scheduler
         tps = inst.sim.deployment.mtp.tokens_per_seq
+        prefill = prefill and inst.prefills
         if sched.decodes_count:  # vLLM (or SGLang mixed chunks): the decodes first, prompts in what they leave
             decodes = self.decode_batch(tps) if inst.decodes else []
-            chunks = self.prefill_batch(len(decodes) * tps, bool(decodes)) if inst.prefills else []
+            chunks = self.prefill_batch(len(decodes) * tps, bool(decodes)) if prefill else []
         else:  # SGLang: a prefill batch whenever a prompt can run, alone; else a decode batch
-            chunks = self.prefill_batch(0, False) if inst.prefills else []
+            chunks = self.prefill_batch(0, False) if prefill else []
             decodes = self.decode_batch(tps) if inst.decodes and not chunks else []
         if not inst.prefills:
             self.admit_handoffs()
@@ -277,6 +286,21 @@ class Instance:
         self.ranks = [Rank(self, i, sim.deployment.kv_headroom) for i in range(ranks)]
         self.kv_total = sum(rank.kv_tokens for rank in self.ranks)
         self.wake = sim.env.event()
+        self.delayed = 0  # passes the prefill delayer has held the prompts so far
+
+    def allow_prefill(self) -> bool:
+        """SGLang's PrefillDelayer negotiation, once per pass: hold the prompts while some ranks could prefill and
+        others could not, for at most `prefill_delay` passes (the last one lets them through)."""
+        passes = self.sim.deployment.scheduler.prefill_delay
+        if not passes or not (self.prefills and self.decodes):
+            return True
+        ready = [rank.prefillable() for rank in self.ranks]
+        decoding = any(r.state is DECODE for rank in self.ranks for r in rank.running)
+        if any(ready) and not all(ready) and decoding and self.delayed < passes - 1:
+            self.delayed += 1
+            return False
+        self.delayed = 0
+        return True
 
     def kick(self) -> None:
         if not self.wake.triggered:
@@ -285,7 +309,8 @@ class Instance:
     def run(self):
         env, log = self.sim.env, self.sim.steps
         while True:
-            plans = [rank.plan() for rank in self.ranks]
+            prefill = self.allow_prefill()
+            plans = [rank.plan(prefill) for rank in self.ranks]
             seconds = max(p[0] for p in plans)
             if seconds == 0.0:  # nothing runnable: sleep until a request, a preempted sequence or a cache arrives
                 self.wake = env.event()
