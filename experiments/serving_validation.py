@@ -53,10 +53,10 @@ NOTES = """What the rows say (read with the table; nothing here is fitted):
   while other DP ranks cannot prefill, up to SGLANG_PREFILL_DELAYER_MAX_DELAY_PASSES passes (30 by default), so the
   ranks prefill in the same steps. Against plain "sglang" it lengthens TTFT (prompts wait) and shortens TPOT (fewer
   steps stall the decodes for one rank's prompt).
-- Under it TPOT is 24-25 % short and output throughput 29-33 % high, the gap of validate.py's out-of-sample
-  decode-only rows of SGLang's W4A8 DP16 deployment (-21 / -25 %): the decode step itself is predicted fast. Plain "sglang" meets TPOT within 8 % only because it stalls the decodes for prompts more often
+- Under it TPOT is 23-24 % short and output throughput 28-31 % high, the gap of validate.py's out-of-sample
+  decode-only rows of SGLang's W4A8 DP16 deployment (-21 / -25 %): the decode step itself is predicted fast. Plain "sglang" meets TPOT within 10 % only because it stalls the decodes for prompts more often
   than SGLang did: two errors that cancel.
-- TTFT stays 44-52 % short (mean and median) with the delayer. A decode step predicted fast also shortens the
+- TTFT stays 43-51 % short (mean and median) with the delayer. A decode step predicted fast also shortens the
   prompts' wait behind the decodes; the published figures do not separate the prefill steps, so the rest of the
   gap is not attributed.
 - Under vLLM's semantics the DP16 run (--max-prefill-tokens 1500, no chunking, 2,048-token prompts) is the trap of
