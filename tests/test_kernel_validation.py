@@ -32,7 +32,7 @@ def test_a_row_is_expressed_or_says_why_not():
     for _, r in ROWS.iterrows():
         if not r.kernel:
             assert "not expressible" in r.note or r.convention == "claim", kv.key(r)
-        elif r.kernel == "gemm_all_reduce":  # a GEMM's keys and the all-reduce's group
+        elif r.kernel in kv.FUSED:  # a GEMM's keys and the collective's group
             shape = kv.shape_of(r["shape"])
             assert int(shape.pop("group")) > 1
             catalog.kernel("gemm", shape)

@@ -1,10 +1,14 @@
-"""Fused GEMM + all-reduce (npusim.parallel.overlap): the reduce-scatter hides behind the GEMM, the all-gather does not."""
+"""Fused GEMM + collective (npusim.parallel.overlap): an all-reduce's reduce-scatter hides behind the GEMM, its
+all-gather does not; an all-gather of A hides behind the GEMM of the local rows and of the chunks already arrived."""
 
 import pytest
 
+from npusim.errors import NpusimError
+
 from npusim.engine import completions, simulate
 from npusim.kernels import catalog
-from npusim.parallel.overlap import gemm_all_reduce
+from npusim.parallel.collectives import Collective, collective_time
+from npusim.parallel.overlap import all_gather_gemm, gemm_all_reduce
 from npusim.spec.system import load_system
 
 SYSTEM = load_system("atlas-800-a2")
@@ -22,8 +26,10 @@ def test_blocks_are_ready_in_waves_and_the_last_ends_the_gemm():
 
 def test_reduce_scatter_hides_behind_the_gemm_and_the_all_gather_is_exposed():
     f = gemm_all_reduce(catalog.kernel("gemm", GAR), SYSTEM, 8)
-    assert f.gemm + f.all_gather <= f.time < f.sequential
-    assert f.time < f.gemm + f.all_gather + 0.2 * f.reduce_scatter  # all but the last blocks' sends hidden
+    ag = collective_time(Collective("all_gather", 5504 * 1536 * 2, 8), SYSTEM).time
+    rs = f.comm - ag
+    assert f.gemm + ag <= f.time < f.sequential
+    assert f.time < f.gemm + ag + 0.2 * rs  # all but the last blocks' sends hidden
     assert f.hidden == pytest.approx(f.sequential - f.time, rel=1e-6)
 
 
@@ -37,3 +43,26 @@ def test_a_faster_link_is_never_slower():
     fast = load_system("atlas-800-a2", {"tiers.hccs.bandwidth": "392 GB/s"})
     kern = catalog.kernel("gemm", GAR)
     assert gemm_all_reduce(kern, fast, 8).time < gemm_all_reduce(kern, SYSTEM, 8).time
+
+
+AGG = dict(m=16384, n=4096, k=4096, dtype="fp16", out_dtype="fp32")  # pto-isa allgather_gemm, 8 ranks (K213)
+
+
+def test_all_gather_hides_behind_the_gemm_when_the_gemm_is_longer():
+    f = all_gather_gemm(catalog.kernel("gemm", AGG), SYSTEM, 8)
+    assert f.comm < f.gemm  # 117 MB gathered in less time than 550 GFLOP
+    assert 0.99 * f.gemm <= f.time < f.gemm + f.comm / 8  # all but the first chunk hidden (the split GEMMs' waves
+    # differ from the whole GEMM's by a little)
+
+
+def test_a_short_gemm_waits_for_the_all_gather():
+    f = all_gather_gemm(catalog.kernel("gemm", dict(m=2048, n=1024, k=2048, dtype="fp16", out_dtype="fp32")),
+                        SYSTEM, 2)
+    assert f.comm > f.gemm and f.time >= f.comm  # the last chunk arrives after the local rows are done
+
+
+def test_more_chunks_overlap_more_and_a_single_rank_is_refused():
+    kern = catalog.kernel("gemm", AGG)
+    assert all_gather_gemm(kern, SYSTEM, 8, chunks=64).time <= all_gather_gemm(kern, SYSTEM, 8, chunks=1).time
+    with pytest.raises(NpusimError, match="group >= 2"):
+        all_gather_gemm(kern, SYSTEM, 1)
