@@ -3,9 +3,9 @@
 The canonical form of a `Trace` is equal exactly when the engine and the functional path behave identically: the
 trace's header (kernel, chip, shape, roofline numerators, buffers, tiling, dtype), then per group its copies, block
 index and programs, every loop (count, variable) and every instruction with all its fields (pipe, op, bytes, flops,
-dtype, src, dst, slot, hit and the functional action), and the flag *semantics*: a group's flags are renamed by first
-appearance (program order, waits before sets) to f0, f1, ..., each with its initial count; flags nobody uses are
-dropped. Renaming is safe because the engine and the executor know flags only as counting semaphores scoped to a
+dtype, src, dst, slot, hit, the DMA issues where not 1, and the functional action), and the flag *semantics*: a
+group's flags are renamed by first appearance (program order, waits before sets) to f0, f1, ..., each with its
+initial count; flags nobody uses are dropped. Renaming is safe because the engine and the executor know flags only as counting semaphores scoped to a
 group (which cores wait on one decides its cross-core delay, and that is kept).
 
 `tests/data/golden_traces.json` holds one digest per case (and, for a subset, the engine's result to the last bit);
@@ -232,8 +232,10 @@ def _lines(body, names, depth, out) -> None:
             continue
         w = ",".join(f"f{names[f]}" for f in n.wait)
         s = ",".join(f"f{names[f]}" for f in n.set)
+        issues = getattr(n, "issues", 1)  # (the kernels at REF have no such field)
         out.append(f"{pad}{n.pipe} {n.op} bytes={fmt(n.bytes)} flops={fmt(n.flops)} dtype={n.dtype} {n.src}>{n.dst} "
-                   f"slot={n.slot} hit={fmt(n.hit)} wait=({w}) set=({s}) act={fmt(n.action)}")
+                   f"slot={n.slot} hit={fmt(n.hit)}{f' issues={issues}' if issues != 1 else ''} wait=({w}) set=({s}) "
+                   f"act={fmt(n.action)}")
 
 
 def digest(lines: list[str]) -> str:

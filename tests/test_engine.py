@@ -127,6 +127,23 @@ def test_hbm_is_shared_not_multiplied():
     assert many.bound == "hbm" and many.servers["hbm"] == pytest.approx(1.0, rel=0.02)
 
 
+def test_a_discrete_gather_is_bound_by_its_instruction_issue():
+    """A gather of n rows issued one DMA instruction per row takes the n - 1 issues after the first (the first is in
+    the start-up latency) when they outlast its transfer; a contiguous load of the same bytes (issues=1) and a chip
+    without an issue cost keep the transfer time; a slower issue is never faster."""
+    def gather(issues: int, cycles: float) -> float:
+        chip = load_chip("910b2", {"aiv.pipes.mte2.issue_cycles": cycles})
+        aiv = Program("aiv", (Loop(100, (Instr("mte2", "gather", bytes=32 * 1152.0, dtype="bf16", src="gm", dst="ub",
+                                                hit=1.0, issues=issues),)),))
+        return simulate(Trace("g", "910b2", {}, (Group(None, (aiv,)),), 0.0, 0.0, {}), chip, launch="none").time
+    mte2 = CHIP.aiv.pipes["mte2"]
+    transfer = 32 * 1152 / (mte2.bytes_per_cycle * CHIP.clock)
+    assert gather(1, 84) == pytest.approx(gather(32, 0)) == pytest.approx(gather(1, 0))
+    assert gather(1, 0) == pytest.approx(100 * transfer + mte2.latency_cycles / CHIP.clock, rel=1e-6)
+    assert gather(32, 84) == pytest.approx(100 * 31 * 84 / CHIP.clock + mte2.latency_cycles / CHIP.clock, rel=1e-6)
+    assert gather(32, 84) < gather(32, 120)
+
+
 def test_cross_core_hand_off_costs_sync():
     def handoff(sync: str) -> float:
         chip = load_chip("910b2", {"overheads.cross_core_sync": sync})

@@ -74,7 +74,7 @@ def test_bad_blocks_are_plain_errors(chip):
 
 
 @pytest.mark.parametrize("name,shape", [
-    ("sparse_flash_attention", {"tokens": 2, "keys": 131072, "causal": 0}),
+    ("sparse_flash_attention", {"tokens": 2, "keys": 131072, "causal": 0, "kv_splits": 0}),
     ("v4_attention", {"tokens": 2, "keys": 131072, "ratio": 128}),
     ("flash_attention", {"tokens": 2, "keys": 32768, "heads": 128, "d_qk": 576, "d_v": 512, "causal": 0}),
 ])
@@ -86,9 +86,16 @@ def test_decode_splits_keys_over_all_cores(chip, name, shape):
     assert single.tiling["kv_splits"] == 1 and single.cores["aic"] < chip.aic.count
 
 
+def test_sfa_decode_runs_as_the_measured_kernel_one_core_per_token_block(chip):
+    """The AscendC SFA never splits keys (its tiling's splitKVFlag_ stays false): one token's heads and all its
+    selected keys are one core's work, so a single-token decode uses one core (kernels.md K142-K144: flat ~98 us)."""
+    t = catalog.kernel("sparse_flash_attention", {"tokens": 1, "keys": 48000, "causal": 0}).trace(chip)
+    assert t.tiling["kv_splits"] == 1 and t.cores["aic"] == 1 and t.tiling["row_group"] == 128
+
+
 def test_split_kv_is_faster_at_decode(chip):
     from npusim.engine import simulate
-    shape = {"tokens": 2, "keys": 131072, "causal": 0}
+    shape = {"tokens": 2, "keys": 131072, "causal": 0, "kv_splits": 0}
     split = simulate(catalog.kernel("sparse_flash_attention", shape).trace(chip), chip, launch="none")
     single = simulate(catalog.kernel("sparse_flash_attention", shape | {"kv_splits": 1}).trace(chip), chip,
                       launch="none")

@@ -158,7 +158,7 @@ def content_key(trace: Trace, chip: Chip, launch: str = "eager") -> str:
 
 def _structure(body: tuple[Node, ...]) -> tuple:
     return tuple((n.count, _structure(n.body)) if isinstance(n, Loop) else
-                 (n.pipe, n.op, n.bytes, n.flops, n.dtype, n.src, n.dst, n.wait, n.set, n.hit) for n in body)
+                 (n.pipe, n.op, n.bytes, n.flops, n.dtype, n.src, n.dst, n.wait, n.set, n.hit, n.issues) for n in body)
 
 
 def simulate(trace: Trace, chip: Chip, *, launch: str = "eager") -> KernelResult:

@@ -18,6 +18,10 @@ Model
   `chip.efficiency.l2` / `.hbm` (see servers.py). One core's DMA moves the hits at the pipe's GM route and the
   misses at its `hbm>DST` route where the chip gives one (a stream waiting on HBM latency): each flow is capped so
   that both would end together at that mixed rate.
+* Discrete gathers: a GM read that stands for `issues` DMA instructions (the rows a gather selects, one instruction
+  per row or pair of rows) first spends the time the core takes to issue the instructions after the first
+  (`issue_cycles` each: the scalar's index read, address arithmetic and the copy's issue; the first is in the
+  start-up latency), less its uncontended transfer, which streams behind the issue; then it transfers.
 * An instruction named "sync_all" is the all-core barrier (AscendC SyncAll): after its own work the runner waits
   until every runner holding a sync_all has reached one or ended, and every program without one has ended (the
   functional executor's rule; free streams, below, excepted), then raises its sets. Folded copies count as their number.
@@ -400,6 +404,8 @@ class Simulation:
         elif ins.src == "gm":
             l2 = ins.bytes * ins.hit
             hbm = ins.bytes - l2
+            # a discrete gather: the core issues its DMA instructions one by one; the rows stream behind the issue
+            work = max(0.0, (ins.issues - 1) * (spec.issue_cycles or 0.0) / clock - ins.bytes / route)
         elif ins.dst == "gm":  # write-back L2: a write the tiler marks as re-read soon (workspace) stays in L2
             l2 = ins.bytes * ins.hit
             hbm = ins.bytes - l2

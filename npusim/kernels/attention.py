@@ -42,7 +42,7 @@ from npusim.kernels.trace import Node, Trace
 from npusim.spec.chip import BYTES_PER_ELEMENT, Chip
 
 KC, VK, VC = 128, 256, 128  # keys per K chunk, keys per V chunk, V columns per chunk (models.md §3.5)
-GATHER_ROWS = 32  # rows per vector-core gather copy (double-buffered in UB)
+GATHER_ROWS = 32  # rows a vector core gathers into UB before one copy-out (the AscendC SFA's 32-row merge buffer)
 SOFTMAX_FLOPS = 6  # vector FLOPs per score: scale, mask, max, subtract, exp, sum (estimate)
 
 
@@ -78,6 +78,7 @@ class Attention(Kernel):
 
     gathered: ClassVar[bool] = True
     with_sink: ClassVar[bool] = False
+    pair_copies: ClassVar[int] = 1  # DMA instructions per pair of gathered rows (two rows per copy, a gap between)
 
     # ------------------------------------------------------------------ what a subclass says about its key set
     @property
@@ -210,7 +211,7 @@ class Attention(Kernel):
         if hg % hb or (hb == hg and bm % hg):
             raise NpusimError(f"{self.name} block_m={bm} must divide or be a multiple of the {hg} heads per KV head",
                               field="tiling.block_m")
-        tpb = bm // hg if hb == hg else 1
+        tpb = min(bm // hg, self.tokens) if hb == hg else 1  # a block never walks tokens that are not there
         groups, rows = (tpb, hb) if self.gathered else (1, tpb * hb)
         halves = cdiv(dq, 288)
         dw = dq // halves
@@ -539,7 +540,7 @@ class FlashProgram:
                                                           self.istop), Ref("kv", (0, 0), (-1, -1))), dt,
                                        (("fill", -1), ("base", lin(("bk", self.k.kv_rows))))),
                  bytes=nbytes(dt, GATHER_ROWS, dq) + 4.0 * GATHER_ROWS, dtype=dt, src="gm", dst="ub",
-                 hit=self.hit_gather)
+                 hit=self.hit_gather, issues=GATHER_ROWS // 2 * self.k.pair_copies)
             c.enque(q.ub)
             c.deque(q.ub)
             c.op("mte3", "store_kv", Act("store", Ref(f"ws.kv{slot}", (a * half + j * GATHER_ROWS, 0),
@@ -946,8 +947,10 @@ class SparseFlashAttention(Attention):
     block_m: int = 256
     block_n: int = 512
     scale: float = 0.0  # 0 = d_qk^-0.5
-    kv_splits: int = 0  # key ranges per block: 0 = split-KV when blocks < cores, 1 = never
+    kv_splits: int = 1  # key ranges per block: 1 = never (the AscendC SFA's tiling), 0 = split-KV when blocks < cores
     buffering: int = 0  # depth of the double-buffered queues (0 = 2, as written)
+    # the latent and the rope part of a row are separate caches: a pair of rows is two copies (AscendC SFA CopyInKv)
+    pair_copies: ClassVar[int] = 2
 
     @property
     def width(self) -> int:

@@ -30,6 +30,8 @@ class Instr:
 
     bytes: data moved (MTE*/FIXPIPE) or streamed through the unit (VECTOR); flops: arithmetic (CUBE/VECTOR);
     hit: fraction of a GM read served by L2 instead of HBM (the tiler knows the reuse across cores);
+    issues: the DMA instructions the core issues one after another for this transfer (a gather of discrete rows
+    issues one per row or pair of rows; 1 for a contiguous tile);
     action: the functional meaning (what arrays it reads and writes), opaque to the engine.
     """
 
@@ -44,6 +46,7 @@ class Instr:
     wait: tuple[str, ...] = ()
     set: tuple[str, ...] = ()
     hit: float = 0.0
+    issues: int = 1
     action: Any = None
 
 
