@@ -121,14 +121,15 @@ def summarise(trace: Trace, chip: Chip, outcome: Outcome, launch: float) -> Kern
         peak[r.pipe] = max(peak.get(r.pipe, 0.0), r.busy / total)
         sync = max(sync, r.sync / total)
     eff = chip.efficiency
-    bandwidth = {"hbm": chip.hbm.bandwidth * eff.hbm, "l2": chip.l2.read_bandwidth * eff.l2}
+    bandwidth = {"hbm": chip.hbm.bandwidth * eff.hbm, "l2": chip.l2.read_bandwidth * eff.l2,
+                 "l2w": chip.l2.write_bandwidth * eff.l2}
     servers = {n: s.moved / (bandwidth[n] * total) for n, s in outcome.servers.items()}
     rl, rl_bound = roofline(trace, chip)
     return KernelResult(
         kernel=trace.kernel, chip=chip.name, shape=dict(trace.shape), dtype=trace.dtype, time=total, launch=launch,
         busy=dict(sorted(busy.items())), servers=servers, sync=sync,
         bound=_bound(peak, servers, sync, launch / total), flops=trace.flops,
-        hbm_bytes=outcome.servers["hbm"].moved, l2_bytes=outcome.servers["l2"].moved,
+        hbm_bytes=outcome.servers["hbm"].moved, l2_bytes=outcome.servers["l2"].moved + outcome.servers["l2w"].moved,
         roofline=rl, roofline_bound=rl_bound, events=outcome.events, extrapolated=outcome.extrapolated / total)
 
 

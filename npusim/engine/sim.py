@@ -13,8 +13,10 @@ Model
   `chip.overheads.cross_core_sync`.
 * Work: CUBE takes max(flops / cube rate, operand bytes / cube feed rate); VECTOR likewise with the vector unit;
   both rates are scaled by `chip.efficiency.cube` / `.vector`. On-core copies (MTE1, FIXPIPE to L1...) move at
-  their pipe's route rate. A GM read becomes two fluid flows, `hit` of its bytes through the L2 server and the
-  rest through the HBM server, a GM write one flow through HBM; the servers' bandwidths are scaled by
+  their pipe's route rate. A GM read becomes two fluid flows, `hit` of its bytes through the L2 read server and the
+  rest through the HBM server; a GM write likewise, `hit` of it (a workspace re-read soon stays in the write-back
+  L2) through the L2 write server and the rest through HBM. L2 reads and writes are separate servers (the ini's
+  l2_read_rate and l2_write_rate are separate paths), HBM one; the servers' bandwidths are scaled by
   `chip.efficiency.l2` / `.hbm` (see servers.py). One core's DMA moves the hits at the pipe's GM route and the
   misses at its `hbm>DST` route where the chip gives one (a stream waiting on HBM latency): each flow is capped so
   that both would end together at that mixed rate.
@@ -303,7 +305,8 @@ class Simulation:
         self._uid = itertools.count()
         eff = chip.efficiency
         self.servers = {"hbm": FluidServer(self.env, "hbm", chip.hbm.bandwidth * eff.hbm),
-                        "l2": FluidServer(self.env, "l2", chip.l2.read_bandwidth * eff.l2)}
+                        "l2": FluidServer(self.env, "l2", chip.l2.read_bandwidth * eff.l2),
+                        "l2w": FluidServer(self.env, "l2w", chip.l2.write_bandwidth * eff.l2)}
         self.flags: list[Flag] = []
         self.pending: list[tuple[Flag, float]] = []  # cross-core raises in flight: (flag, due time)
         self.runners: list[Runner] = []
@@ -390,6 +393,7 @@ class Simulation:
         path = f"{ins.src}>{ins.dst}"  # a dtype-specific route (e.g. 4-bit L1->L0 extract) overrides the path's rate
         route = spec.routes.get(f"{path}:{ins.dtype}", spec.routes.get(path, spec.bytes_per_cycle)) * clock
         hbm = l2 = 0.0
+        l2_server = "l2"
         if ins.pipe in ("cube", "vector"):
             eff = chip.efficiency.cube if ins.pipe == "cube" else chip.efficiency.vector
             unit = ins.bytes / (spec.bytes_per_cycle * clock)
@@ -409,6 +413,7 @@ class Simulation:
         elif ins.dst == "gm":  # write-back L2: a write the tiler marks as re-read soon (workspace) stays in L2
             l2 = ins.bytes * ins.hit
             hbm = ins.bytes - l2
+            l2_server = "l2w"
         else:
             work = ins.bytes / route
         # one core's DMA moves the L2 hits at the pipe's rate and the misses at its HBM rate, one after the other:
@@ -416,7 +421,7 @@ class Simulation:
         miss = min(route, spec.routes.get(f"hbm>{ins.dst}", math.inf) * clock) if ins.src == "gm" else route
         span = (hbm + l2) / route if miss == route else l2 / route + hbm / miss
         flows = tuple((self.servers[name], size, route * size / (hbm + l2) if miss == route else size / span)
-                      for name, size in (("hbm", hbm), ("l2", l2)) if size > 0)
+                      for name, size in (("hbm", hbm), (l2_server, l2)) if size > 0)
         return Op(ins.op, waits, sets, spec.latency_cycles / clock, work, flows, ins.op == "sync_all",
                   -1.0 if flows else work)
 
