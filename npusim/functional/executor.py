@@ -48,13 +48,13 @@ class _Memory:
         if arr is None:
             raise NpusimError(f"trace reads '{ref.name}' before anything wrote it")
         start, lim = self.window(ref, env, arr)
-        sl = tuple(slice(s, max(s, e)) for s, e in zip(start, lim))
-        part = arr[sl]
+        lo = [max(s, 0) for s in start]  # a tile that starts before the array (a window at the first rows)
+        part = arr[tuple(slice(a, max(a, e)) for a, e in zip(lo, lim))]
         size = tuple(p if n < 0 else n for p, n in zip(part.shape, ref.size))
         if part.shape == size:
             return part.copy()
         out = np.full(size, fill)
-        out[tuple(slice(0, p) for p in part.shape)] = part
+        out[tuple(slice(a - s, a - s + p) for a, s, p in zip(lo, start, part.shape))] = part
         return out
 
     def write(self, ref: Ref, env: dict[str, int], val: np.ndarray) -> None:

@@ -9,12 +9,15 @@ numerically). The AIC preloads — C1 of tile k+1 is issued before C2 of tile k 
 run the softmax. L1 holds the row group's Q, one 128-row chunk of P and a triple-buffered ring of K (128 keys x 288
 dims) and V (256 keys x 128 dims) chunks.
 
-The kernels differ only in a query token's key set:
-- gathered (SFA: the indexer's top-k; V4: window ++ compressed entries): the AIVs gather the selected rows into a
-  per-core workspace (two vector cores issue the discrete copies at twice the cube's rate, models.md §3.5); a row
+The kernels differ only in a query token's key set, walked as `KeyTile`s:
+- gathered (SFA: the indexer's top-k; V4 CSA: the top-k compressed entries): the AIVs gather the selected rows into
+  a per-core workspace (two vector cores issue the discrete copies at twice the cube's rate, models.md §3.5); a row
   group (the rows sharing key tiles) is one token's heads.
-- contiguous (dense flash attention, causal): the AIC loads key tiles straight from GM; all tokens of a block share
-  them and the causal mask is applied per row.
+- contiguous (dense flash attention, causal; V4 HCA: every completed compressed entry): the AIC loads key tiles
+  straight from GM; for flash attention all tokens of a block share them and the causal mask is applied per row.
+- a window ahead of the key set (V4: each token's last `window` raw rows, one key tile read contiguously by the
+  AIC, as the AscendC SparseAttnSharedkv's SWA part); a token's tiles then hold the keys it has, not a padded
+  block_n.
 
 Decode with fewer blocks than cores splits each block's keys into ranges (split-KV, flash-decoding): every range
 writes its normalised output and log-sum-exp, and after a SyncAll the vector cores combine them. The causal ramp of
@@ -74,11 +77,15 @@ class Plan:
 
 
 class Attention(Kernel):
-    """Shared mechanism; subclasses give the shape fields, `gathered`, `columns(p)` and `visible(p)`."""
+    """Shared mechanism; subclasses give the shape fields, `gathered`, `columns(p)` and `visible(p)`, and for a key
+    set with a window part its `window_keys`."""
 
-    gathered: ClassVar[bool] = True
+    gathered: ClassVar[bool] = True  # the key set (past the window) is gathered through index columns by the AIVs
+    kv_arrays: ClassVar[tuple[str, str]] = ("kv", "kv")  # the GM arrays K and V rows are read from
     with_sink: ClassVar[bool] = False
     pair_copies: ClassVar[int] = 1  # DMA instructions per pair of gathered rows (two rows per copy, a gap between)
+    sized: ClassVar[bool] = False  # a token's last key tile holds the keys left (in KC chunks), not a padded block_n
+    window_keys: ClassVar[int] = 0  # raw rows before each query read contiguously ahead of its key set (V4)
 
     # ------------------------------------------------------------------ what a subclass says about its key set
     @property
@@ -104,6 +111,25 @@ class Attention(Kernel):
         return self.columns(p)
 
     @property
+    def per_token(self) -> bool:
+        """Every token has its own key set (gathered, or a window of its own): a row group is one token's heads."""
+        return self.gathered or bool(self.window_keys)
+
+    @property
+    def main_row0(self) -> int:
+        """Row of a sequence's kv array where a contiguous key set starts (V4: the compressed entries follow the raw
+        rows)."""
+        return 0
+
+    def main_limit(self, qpos: Lin) -> Lin | int:
+        """One past the last valid row of a contiguous key set for the query at `qpos`."""
+        return self.keys
+
+    @property
+    def key_set(self) -> str:
+        return ("window + " if self.window_keys else "") + ("gathered" if self.gathered else "contiguous")
+
+    @property
     def kvh(self) -> int:
         return getattr(self, "kv_heads", 1)
 
@@ -116,8 +142,8 @@ class Attention(Kernel):
         return np.arange(self.tokens) + self.keys - self.tokens
 
     def per_token_columns(self) -> np.ndarray:
-        if self.pairs:  # the op graph's uniform split of its query-key pairs
-            return np.full(self.tokens, cdiv(self.pairs, self.batch * self.tokens))
+        if self.pairs:  # the op graph's uniform split of its query-key pairs (past the window)
+            return np.full(self.tokens, max(0, cdiv(self.pairs, self.batch * self.tokens) - self.window_keys))
         if self.tokens > self.keys:
             raise NpusimError(f"{self.name}: tokens={self.tokens} > keys={self.keys}; give 'pairs' for a batch of "
                               "sequences or set batch", field="shape")
@@ -134,8 +160,9 @@ class Attention(Kernel):
         heads, dt = self.heads, self.dtype
         pairs = self.total_pairs()
         qo = self.batch * self.tokens * heads * (nbytes(dt, dq) + nbytes("bf16", dv))
-        if self.gathered:  # each selected row once at least; repeats may come from L2
-            kv = min(pairs, self.batch * self.kv_rows) * nbytes(dt, dq) + 4.0 * self.batch * self.tokens * self.width
+        if self.per_token:  # each selected row once at least; repeats may come from L2; the index columns read
+            index = 4.0 * self.batch * self.tokens * (self.width - self.window_keys) if self.gathered else 0.0
+            kv = min(pairs, self.batch * self.kv_rows) * nbytes(dt, dq) + index
         else:
             kv = self.batch * self.kvh * self.keys * nbytes(dt, dq + (dv if self.kvh > 1 else 0))
         return Work(2.0 * pairs * heads * (dq + dv), qo + kv, vector_flops=SOFTMAX_FLOPS * pairs * heads,
@@ -151,8 +178,8 @@ class Attention(Kernel):
         the waves of work plus the combine; it needs every block to walk the same key tiles (uniform decode).
         """
         base = self.geometry(chip, self.block_m)
-        tiles = self.tiles(base)
-        if self.kv_splits == 1 or tiles.min() != tiles.max():
+        walks, tiles = self.walks(base), self.tiles(base)
+        if self.kv_splits == 1 or len(set(walks)) > 1:
             return base
         n = int(tiles[0])
         if self.kv_splits:
@@ -169,12 +196,26 @@ class Attention(Kernel):
         return self.batch * self.kvh * p.hsplit * cdiv(self.tokens, p.tpb)
 
     def tiles(self, p: Plan) -> np.ndarray:
-        """Key tiles each token block walks (the most any of its tokens needs)."""
+        """Key tiles each token block walks."""
+        return np.array([len(w) for w in self.walks(p)])
+
+    def walks(self, p: Plan) -> list[tuple[int, ...]]:
+        """The keys of each key tile a token block walks (the most any of its tokens needs): the window's tile, then
+        the key set's, block_n keys each (a sized last tile holds the keys left, in KC chunks)."""
         cols = self.per_token_columns()
         nq = cdiv(self.tokens, p.tpb)
         padded = np.zeros(nq * p.tpb, dtype=np.int64)
         padded[:self.tokens] = cols
-        return np.maximum(1, -(-padded.reshape(nq, p.tpb).max(1) // self.block_n))
+        bn, window = self.block_n, (cdiv(self.window_keys, KC) * KC,) if self.window_keys else ()
+        out = []
+        for most in padded.reshape(nq, p.tpb).max(1).tolist():
+            full, rest = divmod(most, bn)
+            if self.sized and most <= bn:  # a key set of one tile: a tile of its keys; longer ones walk full tiles
+                keys = (cdiv(most, KC) * KC,) if most else ()
+            else:
+                keys = (bn,) * max(0 if window else 1, cdiv(most, bn))
+            out.append(window + keys)
+        return out
 
     def estimate(self, chip: Chip, p: Plan, n: int) -> float:
         """Seconds of a split plan (to choose one, not to time it): the longest of the waves of (block, key range)
@@ -212,7 +253,10 @@ class Attention(Kernel):
             raise NpusimError(f"{self.name} block_m={bm} must divide or be a multiple of the {hg} heads per KV head",
                               field="tiling.block_m")
         tpb = min(bm // hg, self.tokens) if hb == hg else 1  # a block never walks tokens that are not there
-        groups, rows = (tpb, hb) if self.gathered else (1, tpb * hb)
+        groups, rows = (tpb, hb) if self.per_token else (1, tpb * hb)
+        if self.window_keys > bn:
+            raise NpusimError(f"{self.name}: window={self.window_keys} must fit one key tile (block_n={bn})",
+                              field="tiling.block_n")
         halves = cdiv(dq, 288)
         dw = dq // halves
         bk = next((b for b in (96, 128, 64, 32, 16) if dw % b == 0), 0)
@@ -242,8 +286,8 @@ class Attention(Kernel):
         buffers = f.prog.buffers() | {"ub": max(p.ub, f.ub_combine)}
         return Trace(self.name, chip.name, self.shape, f.prog.groups(bands, chip.aic.count), w.cube_flops,
                      w.hbm_bytes, buffers,
-                     {"block": (p.tpb * p.hb, self.block_n), "row_group": p.rows,
-                      "key_set": "gathered" if self.gathered else "contiguous", "l0_c1": ((p.chunk, p.bk), (p.bk, KC)),
+                     {"block": (p.tpb * p.hb, self.block_n), "row_group": p.rows, "key_set": self.key_set,
+                      "l0_c1": ((p.chunk, p.bk), (p.bk, KC)),
                       "l0_c2": ((p.chunk, KC), (KC, p.vc)), "kv_ring": 3, "aiv_rows": p.vr, "bands": len(bands),
                       "kv_splits": f.ranges, "combine_rows": f.cr, "scale": round(f.scale, 6)} | f.prog.tiling(),
                      dtype=self.dtype)
@@ -277,12 +321,31 @@ class Queues:
 
 @dataclass(frozen=True)
 class Run:
-    """Blocks of a band walking `tiles` key tiles: how many, the band's constants and the block head's bindings."""
+    """Blocks of a band walking the key tiles of `walk` (their keys): how many, the band's constants and the block
+    head's bindings."""
 
-    tiles: int
+    walk: tuple[int, ...]
     blocks: int
     constants: tuple[tuple[str, int], ...]
     head: dict[str, Lin]
+    window: bool = False  # the walk starts with the group's window (its first key range)
+
+    @property
+    def tiles(self) -> int:
+        return len(self.walk)
+
+
+@dataclass(frozen=True)
+class KeyTile:
+    """A key tile of a row group's walk: `keys` keys, the group's window (raw rows read contiguously) or tile kt of
+    its key set (gathered through the index columns, or contiguous), of the group `o` groups on."""
+
+    kt: Lin
+    keys: int
+    window: bool
+    gathered: bool
+    o: int
+    ws: int = 0  # the gathered rows' workspace slot (gathered tiles alternate between two)
 
 
 K0 = ("k0", 1)  # key tiles are numbered from the first tile of the block's key range
@@ -312,7 +375,9 @@ class FlashProgram:
         self.hits(chip)
         self.rstop = (lin(("bk", T * self.hg), base=T * self.hg), self.dq)  # q rows of this (batch, kv head)
         self.ostop = (self.rstop[0], self.dv)
-        self.kvstop = (lin(("bk", S), base=S), self.dq)
+        self.kvstop = (lin(("bk", k.kv_rows), base=k.kv_rows), self.dq)
+        self.shift = 1 if k.window_keys else 0  # a group's window tile comes before its key set's tiles
+        self.wt = self.shift  # window tiles at the start of the walk being written (0 past the first key range)
         self.istop = (lin(("bk", T), base=T), k.width if self.g else 0)
         tiles = int(k.tiles(p)[0])
         self.ranges = cdiv(tiles, cdiv(tiles, p.splits)) if p.splits > 1 else 1
@@ -381,13 +446,13 @@ class FlashProgram:
         c.free(self.q.q)
 
     @stage
-    def c1(self, c: Code, slot: int, kt: Lin) -> None:
-        """S = Q K^T for key tile kt: per 128-key chunk, its K halves into L1, the rows' chunks through L0 into an
+    def c1(self, c: Code, slot: int, t: KeyTile) -> None:
+        """S = Q K^T for key tile t: per 128-key chunk, its K halves into L1, the rows' chunks through L0 into an
         L0C accumulator, FIXPIPE to the S workspace (the AIVs are told after the tile's last chunk)."""
-        p, c_, nkc = self.p, self.c, self.bn // KC
+        p, c_, nkc = self.p, self.c, t.keys // KC
         for kc in range(nkc):
             for h in range(self.halves):
-                self.load_k(c, slot, kt, kc, h)
+                self.load_k(c, slot, t, kc, h)
             for r in range(self.rq):
                 for h in range(self.halves):
                     for s in range(self.dsteps):
@@ -402,19 +467,34 @@ class FlashProgram:
                 self.store(c, "store_s", Ref(f"ws.s{slot}", (r * c_, kc * KC), (c_, KC)), self.q.s,
                            kc == 0 and r == 0, kc == nkc - 1 and r == self.rq - 1)
 
+    def rows(self, t: KeyTile, array: str, off: int, col: int, size: tuple[int, int], dim: int) -> Ref:
+        """Key rows of tile t from its row `off` on, read straight from GM: the token's window (the raw rows ending
+        at its position) or key tile kt of a contiguous key set."""
+        k = self.k
+        if t.window:
+            start = lin(("kvrow", 1), (f"qpos{t.o}", 1), base=off - k.window_keys + 1 - k.main_row0)
+            stop: Lin = lin(("bk", k.kv_rows), base=k.keys)
+        else:
+            start, stop = plus(t.kt, self.bn, ("kvrow", 1), base=off), self.kvstop[0]
+        return Ref(array, (start, col), size, (stop, dim))
+
+    def read_hit(self, t: KeyTile) -> float:
+        """L2 share of a key tile read straight from GM (a window's or a contiguous key set's rows)."""
+        return self.hit_gather if self.k.per_token else self.hit_kv
+
     @stage
-    def load_k(self, c: Code, slot: int, kt: Lin, kc: int, h: int) -> None:
+    def load_k(self, c: Code, slot: int, t: KeyTile, kc: int, h: int) -> None:
         """Half h of K chunk kc into L1: from the gathered rows' workspace (after both AIVs filled it) or GM."""
         p, dt = self.p, self.dt
-        if self.g:
-            src = Ref(f"ws.kv{slot}", (kc * KC, h * p.dw), (KC, p.dw))
+        if t.gathered:
+            src = Ref(f"ws.kv{t.ws}", (kc * KC, h * p.dw), (KC, p.dw))
         else:
-            src = Ref("k", (plus(kt, self.bn, ("kvrow", 1), base=kc * KC), h * p.dw), (KC, p.dw), self.kvstop)
+            src = self.rows(t, self.k.kv_arrays[0], kc * KC, h * p.dw, (KC, p.dw), self.dq)
         c.alloc(self.q.k)
-        if self.g and kc == 0 and h == 0:
+        if t.gathered and kc == 0 and h == 0:
             c.deque(self.q.kv)
         c.op("mte2", "load_k", Act("load", Ref(f"l1.k{h}", (0, 0), (KC, p.dw)), (src,), dt),
-             bytes=nbytes(dt, KC, p.dw), dtype=dt, src="gm", dst="l1", hit=1.0 if self.g else self.hit_kv)
+             bytes=nbytes(dt, KC, p.dw), dtype=dt, src="gm", dst="l1", hit=1.0 if t.gathered else self.read_hit(t))
         c.enque(self.q.k)
 
     @stage
@@ -468,16 +548,17 @@ class FlashProgram:
             c.enque(ws)
 
     @stage
-    def c2(self, c: Code, slot: int, kt: Lin) -> None:
-        """O~ = P V for key tile kt: per row chunk, P from the AIVs into L1, then per V column chunk the tile's V
+    def c2(self, c: Code, slot: int, t: KeyTile) -> None:
+        """O~ = P V for key tile t: per row chunk, P from the AIVs into L1, then per V column chunk the tile's V
         chunks through the ring (from the gathered rows' workspace, freed after the last, or GM) and L0."""
-        p, c_, nkh, ndv, sub = self.p, self.c, self.bn // VK, self.dv // self.p.vc, VK // KC
+        p, c_, ndv, vk = self.p, self.c, self.dv // self.p.vc, min(VK, t.keys)
+        nkh, sub = t.keys // vk, vk // KC
         for r in range(self.rq):
             for kh in range(nkh):
-                self.load_p(c, slot, r, kh, nkh)
+                self.load_p(c, slot, r, kh, nkh, vk)
             for d in range(ndv):
                 for kh in range(nkh):
-                    self.load_v(c, slot, kt, d, kh, self.g and r == self.rq - 1 and d == ndv - 1 and kh == nkh - 1)
+                    self.load_v(c, slot, t, d, kh, t.gathered and r == self.rq - 1 and d == ndv - 1 and kh == nkh - 1)
                     for s in range(sub):
                         step = kh * sub + s
                         last = step == nkh * sub - 1
@@ -489,33 +570,33 @@ class FlashProgram:
                            r == 0 and d == 0, r == self.rq - 1 and d == ndv - 1)
 
     @stage
-    def load_p(self, c: Code, slot: int, r: int, kh: int, nkh: int) -> None:
-        """VK columns of row chunk r of P from the AIVs' workspace into L1."""
+    def load_p(self, c: Code, slot: int, r: int, kh: int, nkh: int, vk: int) -> None:
+        """vk columns of row chunk r of P from the AIVs' workspace into L1."""
         dt, c_, q = self.dt, self.c, self.q
         if kh == 0:
             c.alloc(q.pl1)
         if r == 0 and kh == 0:
             c.deque(q.p)
-        c.op("mte2", "load_p", Act("load", Ref("l1.p", (0, kh * VK), (c_, VK)),
-                                   (Ref(f"ws.p{slot}", (r * c_, kh * VK), (c_, VK)),), dt),
-             bytes=nbytes(dt, c_, VK), dtype=dt, src="gm", dst="l1", hit=1.0)
+        c.op("mte2", "load_p", Act("load", Ref("l1.p", (0, kh * vk), (c_, vk)),
+                                   (Ref(f"ws.p{slot}", (r * c_, kh * vk), (c_, vk)),), dt),
+             bytes=nbytes(dt, c_, vk), dtype=dt, src="gm", dst="l1", hit=1.0)
         if kh == nkh - 1:
             c.enque(q.pl1)
         if r == self.rq - 1 and kh == nkh - 1:
             c.free(q.p)
 
     @stage
-    def load_v(self, c: Code, slot: int, kt: Lin, d: int, kh: int, release: bool) -> None:
-        """A V chunk (VK keys x vc columns) into the L1 ring; the gathered rows' workspace is freed after the last."""
-        p, dt = self.p, self.dt
-        if self.g:
-            src = Ref(f"ws.kv{slot}", (kh * VK, d * p.vc), (VK, p.vc))
+    def load_v(self, c: Code, slot: int, t: KeyTile, d: int, kh: int, release: bool) -> None:
+        """A V chunk (up to VK keys x vc columns) into the L1 ring; the gathered rows' workspace is freed after the
+        last."""
+        p, dt, vk = self.p, self.dt, min(VK, t.keys)
+        if t.gathered:
+            src = Ref(f"ws.kv{t.ws}", (kh * vk, d * p.vc), (vk, p.vc))
         else:
-            src = Ref("v", (plus(kt, self.bn, ("kvrow", 1), base=kh * VK), d * p.vc), (VK, p.vc),
-                      (self.kvstop[0], self.dv))
+            src = self.rows(t, self.k.kv_arrays[1], kh * vk, d * p.vc, (vk, p.vc), self.dv)
         c.alloc(self.q.k)
-        c.op("mte2", "load_v", Act("load", Ref("l1.v", (0, 0), (VK, p.vc)), (src,), dt),
-             bytes=nbytes(dt, VK, p.vc), dtype=dt, src="gm", dst="l1", hit=1.0 if self.g else self.hit_kv)
+        c.op("mte2", "load_v", Act("load", Ref("l1.v", (0, 0), (vk, p.vc)), (src,), dt),
+             bytes=nbytes(dt, vk, p.vc), dtype=dt, src="gm", dst="l1", hit=1.0 if t.gathered else self.read_hit(t))
         c.enque(self.q.k)
         if release:
             c.free(self.q.kv)
@@ -525,25 +606,26 @@ class FlashProgram:
         return a * self.ra + j * self.p.vr
 
     @stage
-    def gather(self, c: Code, slot: int, kt: Lin, o: int) -> None:
-        """This AIV's half of key tile kt's selected rows (of the group `o` on), GATHER_ROWS per discrete copy,
-        into the gathered rows' workspace; the AIC is told after the last."""
+    def gather(self, c: Code, slot: int, t: KeyTile) -> None:
+        """This AIV's half of key tile t's selected rows, GATHER_ROWS per merge into UB (one DMA instruction per
+        pair of rows, or two), into the gathered rows' workspace; the AIC is told after the last."""
         dt, dq, a, q = self.dt, self.dq, c.aiv, self.q
-        half, n = self.bn // 2, self.bn // 2 // GATHER_ROWS
+        half = t.keys // 2
+        n = half // GATHER_ROWS
         ub = Ref("ub.g", (0, 0), (GATHER_ROWS, dq))
         for j in range(n):
-            col = plus(kt, self.bn, base=a * half + j * GATHER_ROWS)
+            col = plus(t.kt, self.bn, base=self.k.window_keys + a * half + j * GATHER_ROWS)
             c.alloc(q.ub)
             if j == 0:
                 c.alloc(q.kv)
-            c.op("mte2", "gather", Act("gather", ub, (Ref("indices", (lin((f"irow{o}", 1)), col), (1, GATHER_ROWS),
+            c.op("mte2", "gather", Act("gather", ub, (Ref("indices", (lin((f"irow{t.o}", 1)), col), (1, GATHER_ROWS),
                                                           self.istop), Ref("kv", (0, 0), (-1, -1))), dt,
                                        (("fill", -1), ("base", lin(("bk", self.k.kv_rows))))),
                  bytes=nbytes(dt, GATHER_ROWS, dq) + 4.0 * GATHER_ROWS, dtype=dt, src="gm", dst="ub",
                  hit=self.hit_gather, issues=GATHER_ROWS // 2 * self.k.pair_copies)
             c.enque(q.ub)
             c.deque(q.ub)
-            c.op("mte3", "store_kv", Act("store", Ref(f"ws.kv{slot}", (a * half + j * GATHER_ROWS, 0),
+            c.op("mte3", "store_kv", Act("store", Ref(f"ws.kv{t.ws}", (a * half + j * GATHER_ROWS, 0),
                                                       (GATHER_ROWS, dq)), (ub,), dt),
                  bytes=nbytes(dt, GATHER_ROWS, dq), dtype=dt, src="ub", dst="gm", hit=self.ws_hit)
             c.free(q.ub)
@@ -554,38 +636,49 @@ class FlashProgram:
         return (("scale", self.scale), ("qpos", lin((f"qpos{o}", 1))), ("row", self.rows_of(a, j)),
                 ("hb", self.p.hb), ("causal", self.k.mask_causal))
 
-    @stage
-    def softmax(self, c: Code, slot: int, kt: Lin, o: int, first: bool) -> None:
-        """V1 of key tile kt of the group `o` groups on: the keys' positions (indices, or an iota), then per chunk
-        of rows S in, the running max and sum (started by the group's first tile), P = exp(S - m) out."""
-        bn, vr, a, q = self.bn, self.p.vr, c.aiv, self.q
-        pos = Ref("ub.pos", (0, 0), (1, bn))
-        if self.g:
-            c.op("mte2", "load_idx", Act("load", pos, (Ref("indices", (lin((f"irow{o}", 1)), plus(kt, bn)), (1, bn),
-                                                           self.istop),), "int32", (("fill", -1),)),
-                 bytes=4.0 * bn, dtype="int32", src="gm", dst="ub")
+    def positions(self, c: Code, t: KeyTile, pos: Ref) -> None:
+        """The positions of tile t's keys for the mask (-1: no key): the selected indices, or an iota over a
+        window or a contiguous range (past its valid rows -1)."""
+        bn, k = self.bn, self.k
+        if t.gathered:
+            c.op("mte2", "load_idx", Act("load", pos, (Ref("indices", (lin((f"irow{t.o}", 1)),
+                                                                       plus(t.kt, bn, base=k.window_keys)),
+                                                           (1, t.keys), self.istop),), "int32", (("fill", -1),)),
+                 bytes=4.0 * t.keys, dtype="int32", src="gm", dst="ub")
+            return
+        if t.window:
+            first, limit = lin((f"qpos{t.o}", 1), base=1 - k.window_keys), k.keys
         else:
-            c.op("vector", "iota", Act("iota", pos, (), "int32", (("kpos", plus(kt, bn)), ("keys", self.k.keys))),
-                 bytes=4.0 * bn, dtype="int32", src="ub", dst="ub")
-        s_ub, p_ub = Ref("ub.s", (0, 0), (vr, bn)), Ref("ub.p", (0, 0), (vr, bn))
+            first, limit = plus(t.kt, bn, base=k.main_row0), k.main_limit(lin((f"qpos{t.o}", 1)))
+        c.op("vector", "iota", Act("iota", pos, (), "int32", (("kpos", first), ("keys", limit))),
+             bytes=4.0 * t.keys, dtype="int32", src="ub", dst="ub")
+
+    @stage
+    def softmax(self, c: Code, slot: int, t: KeyTile, first: bool) -> None:
+        """V1 of key tile t: the keys' positions, then per chunk of rows S in, the running max and sum (started by
+        the group's first tile), P = exp(S - m) out."""
+        n, vr, a, q, o = t.keys, self.p.vr, c.aiv, self.q, t.o
+        pos = Ref("ub.pos", (0, 0), (1, n))
+        self.positions(c, t, pos)
+        s_ub, p_ub = Ref("ub.s", (0, 0), (vr, n)), Ref("ub.p", (0, 0), (vr, n))
         for j in range(self.nch):
             st = Ref(f"ub.st{slot}", (j * vr, 0), (vr, 3))
             prev = () if first else (Ref(f"ub.st{1 - slot}", (j * vr, 0), (vr, 3)),)
             c.alloc(q.sb)
             if j == 0:
                 c.deque(q.s)
-            c.op("mte2", "load_s", Act("load", s_ub, (Ref(f"ws.s{slot}", (self.rows_of(a, j), 0), (vr, bn)),),
-                                       "fp32"), bytes=4.0 * vr * bn, dtype="fp32", src="gm", dst="ub", hit=1.0)
+            c.op("mte2", "load_s", Act("load", s_ub, (Ref(f"ws.s{slot}", (self.rows_of(a, j), 0), (vr, n)),),
+                                       "fp32"), bytes=4.0 * vr * n, dtype="fp32", src="gm", dst="ub", hit=1.0)
             c.enque(q.sb)
             if j == self.nch - 1:
                 c.free(q.s)
             c.deque(q.sb)
             c.op("vector", "softmax_state", Act("softmax_state", st, (pos, s_ub) + prev, "fp32",
                                                 self.mask_args(a, j, o)),
-                 flops=4.0 * vr * bn, bytes=4.0 * vr * bn, dtype="fp32", src="ub", dst="ub")
+                 flops=4.0 * vr * n, bytes=4.0 * vr * n, dtype="fp32", src="ub", dst="ub")
             c.alloc(q.pb)
             c.op("vector", "softmax_exp", Act("softmax_exp", p_ub, (pos, s_ub, st), self.dt, self.mask_args(a, j, o)),
-                 flops=2.0 * vr * bn, bytes=4.0 * vr * bn, dtype="fp32", src="ub", dst="ub")
+                 flops=2.0 * vr * n, bytes=4.0 * vr * n, dtype="fp32", src="ub", dst="ub")
             c.free(q.sb)
             c.enque(q.pb)
             self.store_p(c, slot, j, p_ub)
@@ -593,12 +686,12 @@ class FlashProgram:
     @stage
     def store_p(self, c: Code, slot: int, j: int, p_ub: Ref) -> None:
         """A chunk of P to the workspace the AIC reads; the AIC is told after the last."""
-        vr, q = self.p.vr, self.q
+        vr, q, n = self.p.vr, self.q, p_ub.size[1]
         c.deque(q.pb)
         if j == 0:
             c.alloc(q.p)
-        c.op("mte3", "store_p", Act("store", Ref(f"ws.p{slot}", (self.rows_of(c.aiv, j), 0), (vr, self.bn)), (p_ub,),
-                                    self.dt), bytes=nbytes(self.dt, vr, self.bn), dtype=self.dt, src="ub", dst="gm",
+        c.op("mte3", "store_p", Act("store", Ref(f"ws.p{slot}", (self.rows_of(c.aiv, j), 0), (vr, n)), (p_ub,),
+                                    self.dt), bytes=nbytes(self.dt, vr, n), dtype=self.dt, src="ub", dst="gm",
              hit=self.ws_hit)
         c.free(q.pb)
         if j == self.nch - 1:
@@ -759,117 +852,142 @@ class FlashProgram:
                   f"irow{o}": lin(("bk", self.k.tokens), (f"gtok{o}", 1))}
         c.addr(**b)
 
-    @staticmethod
-    def stretch(c: Code, count: int, j0: int, n: int, make, var: str) -> None:
-        """Iterations j0 .. j0+count-1 of a uniform run, unrolled by two so slots stay static; make(j, tile) writes
-        one with the static j (its parity) and tile(d), the Lin of key tile j + d."""
-        if count <= 0:
-            return
-        if count // 2:
-            with c.loop(count // 2, var):
-                make(j0, lambda d: lin((var, 2), K0, base=j0 + d))
-                make(j0 + 1, lambda d: lin((var, 2), K0, base=j0 + 1 + d))
-        if count % 2:
-            j = j0 + count - 1
-            make(j, lambda d: at(j + d, n))
+    def tile(self, walk: tuple[int, ...], k: int, kt: Lin, o: int, gp: int) -> KeyTile:
+        """Tile k of the walk (kt: its Lin among the walk's tiles) of the group `o` groups after group gp."""
+        if k < self.wt:
+            return KeyTile(Lin(0), walk[k], True, False, o)
+        ws = ((gp + o) * (len(walk) - self.wt) + k - self.wt) % 2 if self.g else 0
+        return KeyTile(Lin(kt.base - self.shift, kt.terms, kt.div, kt.mod), walk[k], False, self.g, o, ws)
 
-    def aic_group(self, c: Code, n: int, gp: int, ahead: int) -> None:
+    @staticmethod
+    def cube(t: KeyTile) -> KeyTile:
+        """The tile as the AIC reads it: only a window's rows depend on the group (its query position)."""
+        return t if t.window else replace(t, o=0)
+
+    def stretch(self, c: Code, count: int, j0: int, walk: tuple[int, ...], gp: int, make, var: str,
+                uses: tuple[int, ...]) -> None:
+        """Iterations j0 .. j0+count-1 of a group's stream, looped two at a time (so slots stay static) over each
+        run of iterations whose tiles j + d (d in `uses`) are alike; make(j, tile) writes iteration j (its parity
+        static), tile(d) giving the KeyTile j + d."""
+        n, end = len(walk), j0 + count
+        like = lambda j: tuple((walk[j + d], j + d < self.wt) for d in uses)  # noqa: E731
+        j = j0
+        while j < end:
+            stop = j
+            while stop < end and like(stop) == like(j):
+                stop += 1
+            if (stop - j) // 2:
+                with c.loop((stop - j) // 2, var):
+                    for e in (j, j + 1):
+                        make(e, lambda d, e=e: self.tile(walk, e + d, lin((var, 2), K0, base=e + d), 0, gp))
+            if (stop - j) % 2:
+                make(stop - 1, lambda d: self.tile(walk, stop - 1 + d, at(stop - 1 + d, n), 0, gp))
+            j = stop
+
+    def aic_group(self, c: Code, walk: tuple[int, ...], gp: int, ahead: int) -> None:
         """C2 of the group's tiles with C1 one tile ahead, into the next group when there is one (ahead > 0)."""
+        n = len(walk)
         sl = lambda j: (gp * n + j) % 2  # noqa: E731
+        tile = lambda k, o=0: self.cube(self.tile(walk, k, at(k, n), o, gp))  # noqa: E731
 
         def pair(j: int, t) -> None:
-            c.fragment(self.c1, sl(j + 1), t(1))
-            c.fragment(self.c2, sl(j), t(0))
+            c.fragment(self.c1, sl(j + 1), self.cube(t(1)))
+            c.fragment(self.c2, sl(j), self.cube(t(0)))
 
-        self.stretch(c, n - 2, 0, n, pair, "kp")
+        self.stretch(c, n - 2, 0, walk, gp, pair, "kp", (0, 1))
         if n >= 2:
-            c.fragment(self.c1, sl(n - 1), at(n - 1, n))
+            c.fragment(self.c1, sl(n - 1), tile(n - 1))
         c.fragment(self.release_q)
         if n >= 2:
-            c.fragment(self.c2, sl(n - 2), at(n - 2, n))
+            c.fragment(self.c2, sl(n - 2), tile(n - 2))
         if ahead:
             c.fragment(self.load_q, 1)
-            c.fragment(self.c1, sl(n), at(0, n))
-        c.fragment(self.c2, sl(n - 1), at(n - 1, n))
+            c.fragment(self.c1, sl(n), tile(0, 1))
+        c.fragment(self.c2, sl(n - 1), tile(n - 1))
 
-    def aiv_group(self, c: Code, n: int, gp: int, ahead: int) -> None:
+    def aiv_group(self, c: Code, walk: tuple[int, ...], gp: int, ahead: int) -> None:
         """V2 of the group's tiles, V1 one tile and the gathers two tiles ahead (into the next `ahead` groups)."""
+        n = len(walk)
         sl = lambda j: (gp * n + j) % 2  # noqa: E731
         end = self.partial if self.p.splits > 1 else self.finalize
 
         def step(j: int) -> None:
             o, k = divmod(j + 2, n)
             if o <= ahead:
-                self.gathered(c, sl(j + 2), at(k, n), o)
+                self.gathered(c, sl(j + 2), self.tile(walk, k, at(k, n), o, gp))
             o, k = divmod(j + 1, n)
             if o <= ahead:
-                c.fragment(self.softmax, sl(j + 1), at(k, n), o, k == 0)
+                c.fragment(self.softmax, sl(j + 1), self.tile(walk, k, at(k, n), o, gp), k == 0)
             c.fragment(self.accumulate, sl(j), j == 0)
             if j == n - 1:
                 c.fragment(end, sl(j))
 
         def uniform(j: int, t) -> None:
-            self.gathered(c, sl(j + 2), t(2), 0)
-            c.fragment(self.softmax, sl(j + 1), t(1), 0, False)
+            self.gathered(c, sl(j + 2), t(2))
+            c.fragment(self.softmax, sl(j + 1), t(1), False)
             c.fragment(self.accumulate, sl(j), False)
 
         step(0)
-        self.stretch(c, n - 3, 1, n, uniform, "kp")
+        self.stretch(c, n - 3, 1, walk, gp, uniform, "kp", (1, 2))
         for j in range(max(1, n - 2), n):
             step(j)
 
-    def gathered(self, c: Code, slot: int, kt: Lin, o: int) -> None:
-        """The gather of a key tile, for the kernels whose key set is gathered."""
-        if self.g:
-            c.fragment(self.gather, slot, kt, o)
+    def gathered(self, c: Code, slot: int, t: KeyTile) -> None:
+        """The gather of a key tile whose rows are gathered."""
+        if t.gathered:
+            c.fragment(self.gather, slot, t)
 
-    def stream(self, c: Code, n: int, prologue, group) -> None:
-        """The prologue, the groups in a loop (two per iteration when n is odd, so slots repeat), the last two
-        peeled (nothing runs ahead past the block's last group)."""
-        G = self.p.groups
+    def stream(self, c: Code, walk: tuple[int, ...], prologue, group) -> None:
+        """The prologue, the groups in a loop (two per iteration when the walk is odd, so slots repeat), the last
+        two peeled (nothing runs ahead past the block's last group)."""
+        G, n = self.p.groups, len(walk)
         self.bind(c, Lin(0))
         prologue()
-        unroll = 1 + n % 2
+        unroll = 2 if n % 2 or (self.g and (n - self.wt) % 2) else 1  # slots (and gather slots) repeat
         looped = max(0, G - 2) // unroll * unroll
         if looped:
             with c.loop(looped // unroll, "gl"):
                 for e in range(unroll):
                     self.bind(c, lin(("gl", unroll), base=e))
-                    group(c, n, e, 2)
+                    group(c, walk, e, 2)
         for gi in range(looped, G):
             self.bind(c, Lin(gi))
-            group(c, n, gi, min(2, G - 1 - gi))
+            group(c, walk, gi, min(2, G - 1 - gi))
 
-    def aic_block(self, c: Code, n: int) -> None:
+    def aic_block(self, c: Code, walk: tuple[int, ...]) -> None:
         def prologue() -> None:
             c.fragment(self.load_q, 0)
-            c.fragment(self.c1, 0, at(0, n))
+            c.fragment(self.c1, 0, self.cube(self.tile(walk, 0, at(0, len(walk)), 0, 0)))
 
-        self.stream(c, n, prologue, self.aic_group)
+        self.stream(c, walk, prologue, self.aic_group)
 
-    def aiv_block(self, c: Code, n: int) -> None:
+    def aiv_block(self, c: Code, walk: tuple[int, ...]) -> None:
+        n = len(walk)
+
         def prologue() -> None:
-            self.gathered(c, 0, at(0, n), 0)
+            self.gathered(c, 0, self.tile(walk, 0, at(0, n), 0, 0))
             o, k = divmod(1, n)
             if o < self.p.groups:
-                self.gathered(c, 1, at(k, n), o)
-            c.fragment(self.softmax, 0, at(0, n), 0, True)
+                self.gathered(c, 1, self.tile(walk, k, at(k, n), o, 0))
+            c.fragment(self.softmax, 0, self.tile(walk, 0, at(0, n), 0, 0), True)
 
-        self.stream(c, n, prologue, self.aiv_group)
+        self.stream(c, walk, prologue, self.aiv_group)
 
     # ---------------------------------------------------------------- bands of blocks with equal tile counts
     def runs(self) -> list[Run]:
         """Runs of token blocks walking the same number of key tiles, each cut into its key ranges (full ranges,
         then the shorter last one)."""
         k, p = self.k, self.p
-        tiles = k.tiles(p)
-        starts = np.concatenate([[0], np.flatnonzero(np.diff(tiles)) + 1])
-        counts = np.diff(np.concatenate([starts, [tiles.size]]))
+        walks = k.walks(p)
+        starts = [0] + [i for i in range(1, len(walks)) if walks[i] != walks[i - 1]]
+        counts = np.diff(starts + [len(walks)]).tolist()
         out = []
-        for tb0, ntb in zip(starts.tolist(), counts.tolist()):
-            n = int(tiles[tb0])
+        for tb0, ntb in zip(starts, counts):
+            walk = walks[tb0]
+            n = len(walk)
             tps = cdiv(n, p.splits)
-            for s0, ns, kt in ((0, n // tps, tps), (n // tps, 1, n % tps)):
+            full = ((0, 1, tps), (1, n // tps - 1, tps)) if self.shift and p.splits > 1 else ((0, n // tps, tps),)
+            for s0, ns, kt in full + ((n // tps, 1, n % tps),):  # the first range holds the window
                 if not ns or not kt:
                     continue
                 head = dict(sj=lin(("blk", 1), mod=ns), si=lin(("sj", 1), ("s0", 1)), k0=lin(("si", tps)),
@@ -877,20 +995,20 @@ class FlashProgram:
                             tq=lin(("bq", 1), div=p.hsplit, mod=ntb), bk=lin(("bq", 1), div=p.hsplit * ntb),
                             t0=lin(("first", p.tpb), ("tq", p.tpb)),
                             row0=lin(("bk", k.tokens * self.hg), ("t0", self.hg), ("hk", p.hb)),
-                            kvrow=lin(("bk", k.keys)))
-                out.append(Run(kt, k.batch * k.kvh * p.hsplit * ntb * ns,
-                               (("first", tb0), ("s0", s0), ("klast", kt - 1)), head))
+                            kvrow=lin(("bk", k.kv_rows), base=k.main_row0))
+                out.append(Run(walk[s0 * tps:s0 * tps + kt], k.batch * k.kvh * p.hsplit * ntb * ns,
+                               (("first", tb0), ("s0", s0), ("klast", kt - 1)), head, s0 == 0 and self.shift > 0))
         return out
 
     def bands(self) -> list[Band]:
         """A band per run, but the causal ramp (tokens with fewer keys than a full block's) dealt as units of two
-        blocks of k and full - k tiles, as the indexer deals its triangle, so every core gets the same ramp work;
+        blocks of k and full - k keys, as the indexer deals its triangle, so every core gets the same ramp work;
         dealt band by band, the cores that drew each band's leftover blocks reach the full band out of phase, in as
         many folded groups as there are leftover patterns, and their transient settles only after tens of blocks."""
         runs = self.runs()
-        full, ks = runs[-1].tiles, [r.tiles for r in runs]
+        full, ks = self.keyset(runs[-1]), [self.keyset(r) for r in runs]
         pairable = self.p.splits == 1 and full == max(ks) and len(set(ks)) == len(ks)
-        ramp = {r.tiles: r for r in runs[:-1]} if pairable else {}
+        ramp = {self.keyset(r): r for r in runs[:-1]} if pairable else {}
         bands, paired = [], set()
         for k in sorted(ramp, reverse=True):
             light = ramp.get(full - k)
@@ -899,11 +1017,17 @@ class FlashProgram:
                 continue
             bands.append(self.unit(ramp[k], light, light.blocks // 2 if light is ramp[k] else 0))
             paired |= {k, full - k}
+        if not pairable:  # the longest run first, so the cores enter it together and run it in phase
+            runs = sorted(runs, key=lambda r: -r.blocks * sum(r.walk))
         for r in runs:
-            if r.tiles not in paired:
+            if self.keyset(r) not in paired:
                 bands.append(Band(r.blocks, self.block(AIC, 0, ((r, None),)),
                                   tuple(self.block(AIV, a, ((r, None),)) for a in range(AIVS)), r.constants))
         return bands
+
+    def keyset(self, run: Run) -> int:
+        """Keys of a run's key set (past the window): what two paired ramp blocks add up to a full block's."""
+        return sum(run.walk) - (run.walk[0] if run.window else 0)
 
     def unit(self, heavy: Run, light: Run, offset: int) -> Band:
         """Units of two causal-ramp blocks whose tiles add up to a full block's: the heavy one, then the light
@@ -921,7 +1045,8 @@ class FlashProgram:
             if offset is not None:
                 c.addr(**dict(run.constants), blk=lin(("u", 1), base=offset))
             c.addr(**run.head)
-            (self.aic_block if core == AIC else self.aiv_block)(c, run.tiles)
+            self.wt = int(run.window)
+            (self.aic_block if core == AIC else self.aiv_block)(c, run.walk)
         return c.body()
 
 
@@ -970,6 +1095,7 @@ class FlashAttention(Attention):
     name: ClassVar[str] = "flash_attention"
     options: ClassVar[tuple[str, ...]] = ("dtype", "causal", "block_m", "block_n", "scale", "kv_splits", "buffering")
     gathered: ClassVar[bool] = False
+    kv_arrays: ClassVar[tuple[str, str]] = ("k", "v")
     tokens: int
     keys: int
     heads: int = 128
@@ -1000,7 +1126,12 @@ class V4Attention(Attention):
     """DeepSeek-V4 shared-KV attention with a per-head sink (models.md §2.2, §2.4): each token attends to its
     window of raw rows and to compressed entries (HCA: all, CSA: the indexer's top-k). kv [batch*(keys +
     keys//ratio), head_dim] = raw rows then compressed entries; indices [batch*tokens, window + topk (or
-    keys//ratio)] index into it (-1 = none); sink [1, heads]."""
+    keys//ratio)] index into it (-1 = none); sink [1, heads].
+
+    Laid out as the AscendC SparseAttnSharedkv (ops-transformer experimental/attention/sparse_attn_sharedkv): a
+    token's window is one key tile of its raw rows, read contiguously by the cube (SWA); the compressed entries
+    follow, read contiguously (HCA: every completed entry) or gathered by the AIVs (CSA: the top-k); every tile
+    holds the keys it has (its actualSingleProcessSInnerSize), not a padded block_n."""
 
     name: ClassVar[str] = "v4_attention"
     options: ClassVar[tuple[str, ...]] = ("dtype", "block_m", "block_n", "scale", "kv_splits", "buffering")
@@ -1021,6 +1152,23 @@ class V4Attention(Attention):
     kv_splits: int = 0
     buffering: int = 0
     causal: ClassVar[int] = 0  # the index set is causal by construction
+    sized: ClassVar[bool] = True
+
+    @property
+    def gathered(self) -> bool:
+        return bool(self.topk)
+
+    @property
+    def window_keys(self) -> int:
+        return self.window
+
+    @property
+    def main_row0(self) -> int:
+        return self.keys
+
+    def main_limit(self, qpos: Lin) -> Lin | int:
+        """The entries completed by the query at qpos: keys + (qpos + 1) // ratio."""
+        return Lin(qpos.base + 1 + self.keys * self.ratio, qpos.terms, self.ratio) if self.ratio else self.keys
 
     @property
     def dims(self) -> tuple[int, int]:
@@ -1049,7 +1197,7 @@ class V4Attention(Attention):
         return np.minimum(self.topk, done) if self.topk else done
 
     def columns(self, p: np.ndarray) -> np.ndarray:
-        return self.window + self.compressed(p)
+        return self.compressed(p)
 
     def visible(self, p: np.ndarray) -> np.ndarray:
         return np.minimum(self.window, p + 1) + self.compressed(p)

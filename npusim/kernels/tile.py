@@ -47,7 +47,8 @@ def value(x: Any, env: dict[str, int]) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class Ref:
-    """A tile: `size` elements per dim from `start`; reads past `stop` (or the array) are padded, writes clipped.
+    """A tile: `size` elements per dim from `start`; reads before 0 or past `stop` (or the array) are padded, writes
+    clipped.
 
     A size of -1 means the whole extent of that dim (a gather source, a vector of per-row scales).
     """
