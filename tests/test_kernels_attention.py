@@ -135,3 +135,14 @@ def test_preload_runs_across_token_boundaries(chip):
     second_q = [k for k, op in enumerate(ops) if op == "load_q"][1]
     assert second_q < max(k for k, op in enumerate(ops) if op == "store_o") - 2 * 4  # 4 C2 row/column stores
     assert "store_s" in ops[second_q:second_q + 60]
+
+
+def test_v4_is_laid_out_as_the_sas_metadata_deals_it(chip):
+    """A V4 row group is one token's 64 heads (the SAS's mBaseSize = gSize) and a block a core's contiguous share of
+    the tokens (8192 / 24 cores -> 342 tokens); a single-token decode keeps the token's heads together (the SAS
+    metadata splits key ranges, never heads)."""
+    t = catalog.kernel("v4_attention", {"tokens": 8192, "keys": 8192, "ratio": 128}).trace(chip)
+    assert t.tiling["row_group"] == 64 and t.tiling["block"][0] == 64 * 342
+    assert t.cores["aic"] == chip.aic.count  # 24 blocks in one wave: no ramp units of two blocks on a core
+    decode = catalog.kernel("v4_attention", {"tokens": 1, "keys": 8193, "ratio": 4, "topk": 512}).trace(chip)
+    assert decode.tiling["row_group"] == 64

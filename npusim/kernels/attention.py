@@ -21,7 +21,8 @@ The kernels differ only in a query token's key set, walked as `KeyTile`s:
 
 Decode with fewer blocks than cores splits each block's keys into ranges (split-KV, flash-decoding): every range
 writes its normalised output and log-sum-exp, and after a SyncAll the vector cores combine them. The causal ramp of
-a prefill is dealt as units of two blocks whose key tiles add up to a full block's.
+a prefill is dealt as units of two blocks whose key tiles add up to a full block's (when the blocks outnumber the
+cores: in one wave a unit would put two blocks on one core).
 
 Written on the tile-program layer (npusim.kernels.program): `FlashProgram` declares the queues (`Queues`: Q, the
 K/V ring, P, L0 and L0C on the AIC; the gathered rows, S, P and O~ between the AIC and its AIVs through GM; each
@@ -86,6 +87,7 @@ class Attention(Kernel):
     pair_copies: ClassVar[int] = 1  # DMA instructions per pair of gathered rows (two rows per copy, a gap between)
     sized: ClassVar[bool] = False  # a token's last key tile holds the keys left (in KC chunks), not a padded block_n
     window_keys: ClassVar[int] = 0  # raw rows before each query read contiguously ahead of its key set (V4)
+    split_heads: ClassVar[bool] = True  # split-KV may also split a token's heads over blocks
 
     # ------------------------------------------------------------------ what a subclass says about its key set
     @property
@@ -174,10 +176,12 @@ class Attention(Kernel):
 
         Decode has few tokens per sequence, so without a key split most cores idle. Split-KV gives each core a key
         range of a block and merges the partial results afterwards (flash-decoding). `kv_splits` 0 chooses the
-        block (a token's heads, or half or a quarter of them) and the number of ranges that minimise an estimate of
-        the waves of work plus the combine; it needs every block to walk the same key tiles (uniform decode).
+        block (a token's heads, or, where the kernel splits heads, half or a quarter of them) and the number of
+        ranges that minimise an estimate of the waves of work plus the combine; it needs every block to walk the same
+        key tiles (uniform decode).
         """
-        base = self.geometry(chip, self.block_m)
+        bm = self.block_rows(chip)
+        base = self.geometry(chip, bm)
         walks, tiles = self.walks(base), self.tiles(base)
         if self.kv_splits == 1 or len(set(walks)) > 1:
             return base
@@ -187,10 +191,19 @@ class Attention(Kernel):
         if self.blocks(base) >= chip.aic.count:
             return base
         hg = self.heads // self.kvh
-        sizes = sorted({m for m in (self.block_m, hg, hg // 2, hg // 4)
-                        if 16 <= m <= max(self.block_m, hg) and (m % hg == 0 or hg % m == 0)})
+        heads = (hg, hg // 2, hg // 4) if self.split_heads else (hg,)
+        sizes = sorted({m for m in (bm,) + heads if 16 <= m <= max(bm, hg) and (m % hg == 0 or hg % m == 0)})
         options = [replace(self.geometry(chip, m), splits=s) for m in sizes for s in range(1, n + 1)]
         return min(options, key=lambda p: (self.estimate(chip, p, n), p.splits))
+
+    def block_rows(self, chip: Chip) -> int:
+        """Query rows of a block: block_m, or with block_m 0 a core's share of a sequence's tokens (a token's heads
+        each), streamed through one pipeline as the AscendC SAS streams the contiguous range its metadata deals a
+        core."""
+        if self.block_m:
+            return self.block_m
+        hg = self.heads // self.kvh
+        return hg * cdiv(self.tokens, max(1, chip.aic.count // (self.batch * self.kvh)))
 
     def blocks(self, p: Plan) -> int:
         return self.batch * self.kvh * p.hsplit * cdiv(self.tokens, p.tpb)
@@ -1007,7 +1020,8 @@ class FlashProgram:
         many folded groups as there are leftover patterns, and their transient settles only after tens of blocks."""
         runs = self.runs()
         full, ks = self.keyset(runs[-1]), [self.keyset(r) for r in runs]
-        pairable = self.p.splits == 1 and full == max(ks) and len(set(ks)) == len(ks)
+        waves = sum(r.blocks for r in runs) > self.chip.aic.count  # in one wave a unit would put two on one core
+        pairable = waves and self.p.splits == 1 and full == max(ks) and len(set(ks)) == len(ks)
         ramp = {self.keyset(r): r for r in runs[:-1]} if pairable else {}
         bands, paired = [], set()
         for k in sorted(ramp, reverse=True):
@@ -1131,7 +1145,10 @@ class V4Attention(Attention):
     Laid out as the AscendC SparseAttnSharedkv (ops-transformer experimental/attention/sparse_attn_sharedkv): a
     token's window is one key tile of its raw rows, read contiguously by the cube (SWA); the compressed entries
     follow, read contiguously (HCA: every completed entry) or gathered by the AIVs (CSA: the top-k); every tile
-    holds the keys it has (its actualSingleProcessSInnerSize), not a padded block_n."""
+    holds the keys it has (its actualSingleProcessSInnerSize), not a padded block_n. A row group is one token's 64
+    heads (mBaseSize = gSize: the SAS never splits heads, its metadata splits only key ranges, s2BaseSize_ 512), and
+    a block is a core's contiguous share of a sequence's tokens streamed through one pipeline, as the SAS metadata
+    deals each core a range of (batch, token, key range) work and ProcessBalance preloads across it."""
 
     name: ClassVar[str] = "v4_attention"
     options: ClassVar[tuple[str, ...]] = ("dtype", "block_m", "block_n", "scale", "kv_splits", "buffering")
@@ -1146,13 +1163,14 @@ class V4Attention(Attention):
     sink: int = 1  # 1 = a learnable per-head sink joins the softmax denominator
     batch: int = 1
     dtype: str = "bf16"
-    block_m: int = 256  # SAS A3 basic block (256, 512), models.md §3.6
+    block_m: int = 0  # 0: a core's share of the tokens, a token's 64 heads per row group (SAS mBaseSize = gSize)
     block_n: int = 512
     scale: float = 0.0
     kv_splits: int = 0
     buffering: int = 0
     causal: ClassVar[int] = 0  # the index set is causal by construction
     sized: ClassVar[bool] = True
+    split_heads: ClassVar[bool] = False  # the SAS metadata balances key ranges (s2BaseSize_ 512), never heads
 
     @property
     def gathered(self) -> bool:
