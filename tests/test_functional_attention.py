@@ -150,3 +150,12 @@ def test_dropping_the_merge_weights_is_a_numerics_failure():
     assert _close(execute(tr, tensors)["out"], ref)
     with pytest.raises(Exception):  # the weights are never written: the merge reads nothing
         execute(broken, tensors)
+
+
+@pytest.mark.parametrize("causal", [0, 1])
+def test_dense_attention_head_major_blocks_match_reference(causal):
+    """BNSD: a block is block_m tokens of one head (rows clipped at the head's last token, not the next head's)."""
+    t, s, h, kvh, d, dv = 40, 90, 6, 2, 64, 128
+    q, k, v = RNG.standard_normal((t, h, d)), RNG.standard_normal((s, kvh, d)), RNG.standard_normal((s, kvh, dv))
+    out = F.dense_attention(q, k, v, d ** -0.5, causal=bool(causal), layout="BNSD", block_m=16)
+    assert _close(out, R.dense_attention(*(rnd(x, "bf16") for x in (q, k, v)), d ** -0.5, causal=bool(causal)))

@@ -147,11 +147,13 @@ def dense_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, c
     T, H, D = q.shape
     S, kvh, dv = v.shape
     kern = FlashAttention(T, S, H, D, dv, kvh, causal=int(causal), dtype=dtype, scale=scale, **tiles)
-    rows = q.reshape(T, kvh, H // kvh, D).transpose(1, 0, 2, 3).reshape(-1, D)  # kv head, token, head
+    order = (1, 2, 0, 3) if kern.head_major else (1, 0, 2, 3)  # kv head, head, token (BNSD) or kv head, token, head
+    rows = q.reshape(T, kvh, H // kvh, D).transpose(order).reshape(-1, D)
     t = {"q": rnd(rows, dtype), "k": rnd(k.transpose(1, 0, 2).reshape(-1, D), dtype),
          "v": rnd(v.transpose(1, 0, 2).reshape(-1, dv), dtype), "out": np.zeros((kvh * T * (H // kvh), dv))}
     out = run(kern, t, chip)["out"]
-    return out.reshape(kvh, T, H // kvh, dv).transpose(1, 0, 2, 3).reshape(T, H, dv)
+    shape = (kvh, H // kvh, T, dv) if kern.head_major else (kvh, T, H // kvh, dv)
+    return out.reshape(shape).transpose(np.argsort(order)).reshape(T, H, dv)
 
 
 def v4_attention(q: np.ndarray, kv: np.ndarray, sink: np.ndarray, scale: float, window: int = 128, ratio: int = 0,

@@ -128,6 +128,11 @@ class Attention(Kernel):
         return self.keys
 
     @property
+    def head_major(self) -> bool:
+        """Q and out rows ordered (head, token) within a KV head (BNSD): a block is block_m tokens of one head."""
+        return getattr(self, "layout", "BSND") == "BNSD"
+
+    @property
     def key_set(self) -> str:
         return ("window + " if self.window_keys else "") + ("gathered" if self.gathered else "contiguous")
 
@@ -191,8 +196,9 @@ class Attention(Kernel):
         if self.blocks(base) >= chip.aic.count:
             return base
         hg = self.heads // self.kvh
-        heads = (hg, hg // 2, hg // 4) if self.split_heads else (hg,)
-        sizes = sorted({m for m in (bm,) + heads if 16 <= m <= max(bm, hg) and (m % hg == 0 or hg % m == 0)})
+        heads = (hg, hg // 2, hg // 4) if self.split_heads and not self.head_major else ()
+        sizes = sorted({m for m in (bm,) + heads if 16 <= m <= max(bm, hg) and (m % hg == 0 or hg % m == 0)}
+                       | ({bm} if self.head_major else set()))
         options = [replace(self.geometry(chip, m), splits=s) for m in sizes for s in range(1, n + 1)]
         return min(options, key=lambda p: (self.estimate(chip, p, n), p.splits))
 
@@ -261,11 +267,12 @@ class Attention(Kernel):
         bn = self.block_n
         if bn % VK:
             raise NpusimError(f"{self.name} block_n={bn} must be a multiple of {VK}", field="tiling.block_n")
-        hb = min(hg, bm)
-        if hg % hb or (hb == hg and bm % hg):
+        hb = 1 if self.head_major else min(hg, bm)
+        if not self.head_major and (hg % hb or (hb == hg and bm % hg)):
             raise NpusimError(f"{self.name} block_m={bm} must divide or be a multiple of the {hg} heads per KV head",
                               field="tiling.block_m")
-        tpb = min(bm // hg, self.tokens) if hb == hg else 1  # a block never walks tokens that are not there
+        # a block never walks tokens that are not there
+        tpb = min(bm, self.tokens) if self.head_major else min(bm // hg, self.tokens) if hb == hg else 1
         groups, rows = (tpb, hb) if self.per_token else (1, tpb * hb)
         if self.window_keys > bn:
             raise NpusimError(f"{self.name}: window={self.window_keys} must fit one key tile (block_n={bn})",
@@ -386,7 +393,9 @@ class FlashProgram:
         self.scale = k.scale or self.dq ** -0.5
         self.rtot = B * KVH * T * self.hg  # q rows of the launch, the row order of out and of the partials
         self.hits(chip)
-        self.rstop = (lin(("bk", T * self.hg), base=T * self.hg), self.dq)  # q rows of this (batch, kv head)
+        # q rows of this (batch, kv head), or of this head when its rows are head-major
+        self.rstop = (lin(("bk", T * self.hg), ("hk", T), base=T) if k.head_major else
+                      lin(("bk", T * self.hg), base=T * self.hg), self.dq)
         self.ostop = (self.rstop[0], self.dv)
         self.kvstop = (lin(("bk", k.kv_rows), base=k.kv_rows), self.dq)
         self.shift = 1 if k.window_keys else 0  # a group's window tile comes before its key set's tiles
@@ -1007,7 +1016,8 @@ class FlashProgram:
                             bq=lin(("blk", 1), div=ns), hk=lin(("bq", 1), mod=p.hsplit),
                             tq=lin(("bq", 1), div=p.hsplit, mod=ntb), bk=lin(("bq", 1), div=p.hsplit * ntb),
                             t0=lin(("first", p.tpb), ("tq", p.tpb)),
-                            row0=lin(("bk", k.tokens * self.hg), ("t0", self.hg), ("hk", p.hb)),
+                            row0=lin(("bk", k.tokens * self.hg), ("hk", k.tokens), ("t0", 1)) if k.head_major
+                            else lin(("bk", k.tokens * self.hg), ("t0", self.hg), ("hk", p.hb)),
                             kvrow=lin(("bk", k.kv_rows), base=k.main_row0))
                 out.append(Run(walk[s0 * tps:s0 * tps + kt], k.batch * k.kvh * p.hsplit * ntb * ns,
                                (("first", tb0), ("s0", s0), ("klast", kt - 1)), head, s0 == 0 and self.shift > 0))
@@ -1104,10 +1114,13 @@ class SparseFlashAttention(Attention):
 class FlashAttention(Attention):
     """Dense attention (V3.1 MHA prefill, absorbed dense decode): q [batch*kv_heads*tokens*(heads/kv_heads), d_qk],
     k [batch*kv_heads*keys, d_qk], v [batch*kv_heads*keys, d_v] -> out rows like q. Causal: queries are the last
-    `tokens` positions of `keys`."""
+    `tokens` positions of `keys`. Layout BSND orders a KV head's q rows (token, head) and a block holds whole tokens'
+    heads; BNSD orders them (head, token) and a block is block_m tokens of one head, as npu_fusion_attention tiles a
+    BNSD input (one (batch, head) S1 block at a time: the heads sharing a KV head read its keys apart)."""
 
     name: ClassVar[str] = "flash_attention"
-    options: ClassVar[tuple[str, ...]] = ("dtype", "causal", "block_m", "block_n", "scale", "kv_splits", "buffering")
+    options: ClassVar[tuple[str, ...]] = ("dtype", "causal", "block_m", "block_n", "scale", "kv_splits", "buffering",
+                                          "layout")
     gathered: ClassVar[bool] = False
     kv_arrays: ClassVar[tuple[str, str]] = ("k", "v")
     tokens: int
@@ -1125,6 +1138,11 @@ class FlashAttention(Attention):
     scale: float = 0.0
     kv_splits: int = 0
     buffering: int = 0
+    layout: str = "BSND"
+
+    def __post_init__(self) -> None:
+        if self.layout not in ("BSND", "BNSD"):
+            raise NpusimError(f"flash_attention layout={self.layout!r}: allowed are 'BSND' and 'BNSD'", field="layout")
 
     @property
     def width(self) -> int:
