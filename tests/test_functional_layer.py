@@ -90,3 +90,32 @@ def test_moe_gate_group_limit_and_hash_routing():
     table = RNG.integers(0, e, (t, 6))
     wts, hidx = F.moe_gate(x, w, bias, 6, score="sqrtsoftplus", hash_idx=table)
     assert (hidx == table).all() and np.allclose(wts.sum(1), 1.0)
+
+
+def test_moe_gate_ranks_groups_by_top2_with_a_bias_and_by_max_without():
+    """DeepSeek's Gate: the sum of a group's two best biased scores when the gate has a bias, its best score when it
+    has none. On random tokens the two rules pick different groups for some tokens, and each matches the float64
+    re-derivation (indices exactly, weights to fp32)."""
+    rng = np.random.default_rng(11)
+    t, k, e = 40, 256, 64
+    x, w = rng.standard_normal((t, k)), 0.2 * rng.standard_normal((k, e))
+    _, top2 = F.moe_gate(x, w, np.zeros(e), 4, groups=8, limit=2)
+    wmax, vmax = F.moe_gate(x, w, None, 4, groups=8, limit=2)
+    assert (top2 != vmax).any(axis=1).sum() > 0  # the rules differ on these tokens
+    rw, ri = R.moe_gate(rnd(x, "bf16"), rnd(w, "bf16"), None, 4, 8, 2)
+    assert np.array_equal(vmax, ri) and np.allclose(wmax, rw, rtol=1e-6)
+
+
+def test_moe_gate_fp32_gemm_keeps_fp32_operands():
+    """dtype fp32 (linear(x.float(), weight.float())): matches the fp32 re-derivation to 1e-6, which the bf16 GEMM
+    does not; the trace moves fp32 x and weights at the cube's fp32 rate."""
+    rng = np.random.default_rng(12)
+    x, w, bias = rng.standard_normal((9, 512)), 0.1 * rng.standard_normal((512, 64)), 0.1 * rng.standard_normal(64)
+    ref_w, ref_i = R.moe_gate(rnd(x, "fp32"), rnd(w, "fp32"), bias, 8, 8)
+    w32, i32 = F.moe_gate(x, w, bias, 8, 8, dtype="fp32")
+    w16, _ = F.moe_gate(x, w, bias, 8, 8)
+    assert np.array_equal(i32, ref_i) and np.abs(w32 - ref_w).max() < 1e-6 < np.abs(w16 - ref_w).max()
+    from npusim.kernels.projection import MoeGate
+    chip = load_chip("910b2")
+    bf, fp = MoeGate(9, 512, 64, 8, 0, 8).trace(chip), MoeGate(9, 512, 64, 8, 0, 8, dtype="fp32").trace(chip)
+    assert fp.hbm_bytes > bf.hbm_bytes

@@ -116,15 +116,19 @@ def embedding(ids: np.ndarray, table: np.ndarray, streams: int = 1, chip: str | 
     return _run(kern, t, chip)["out"].reshape(T, streams, d)
 
 
-def moe_gate(x: np.ndarray, w: np.ndarray, bias: np.ndarray, topk: int, groups: int = 1, limit: int = 0,
+def moe_gate(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, topk: int, groups: int = 1, limit: int = 0,
              score: str = "sigmoid", route_scale: float = 1.0, hash_idx: np.ndarray | None = None,
-             chip: str | Chip = "910b2", **tiles: int):
+             dtype: str = "bf16", chip: str | Chip = "910b2", **tiles: int):
     """x [T, k] @ w [k, E] -> (weights [T, topk], indices [T, topk]): sigmoid (V3) or sqrt-softplus (V4) scores,
-    top-k of scores + bias within the best `limit` of `groups` groups, or the hash table's experts (hash_idx)."""
+    top-k of scores + bias within the best `limit` of `groups` groups, or the hash table's experts (hash_idx).
+    As DeepSeek's Gate: a group ranks by the sum of its two best biased scores when there is a bias, by its best
+    score when `bias` is None; dtype fp32 multiplies fp32 x and weights (linear(x.float(), weight.float()))."""
     T, k = x.shape
     E = w.shape[1]
-    kern = projection.MoeGate(T, k, E, topk, int(hash_idx is not None), groups, score, limit, route_scale, **tiles)
-    t = {"x": rnd(x, "bf16"), "w": rnd(w, "bf16"), "bias": np.asarray(bias, float)[None],
+    kern = projection.MoeGate(T, k, E, topk, int(hash_idx is not None), groups, score, limit, route_scale,
+                              "top2" if bias is not None else "max", dtype, **tiles)
+    t = {"x": rnd(x, dtype), "w": rnd(w, dtype),
+         "bias": np.zeros((1, E)) if bias is None else rnd(np.asarray(bias, float), "fp32")[None],
          "weights": np.zeros((T, topk)), "indices": np.zeros((T, topk))}
     if hash_idx is not None:
         t["hash_idx"] = np.asarray(hash_idx)

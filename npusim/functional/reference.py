@@ -173,11 +173,29 @@ def moe_combine(y, index, weights, shared):
 
 def moe_gate(x, w, bias, topk: int, groups: int = 1, limit: int = 0, score: str = "sigmoid",
              route_scale: float = 1.0, hash_idx=None):
-    """models.md §1.2.1 / §2.6: (weights [T, k], indices [T, k]); indices sorted by biased score (ties: lower)."""
-    from npusim.functional.vector_ops import gate_scores, route
-
-    s = gate_scores(np.asarray(x, np.float64) @ np.asarray(w, np.float64), score)
-    idx = route(s, np.asarray(bias, np.float64), topk, groups, limit or max(1, groups // 2), hash_idx)
+    """models.md §1.2.1 / §2.6, DeepSeek's Gate: s = score(x w); b = s + bias; with groups, each group ranks by the
+    sum of its two largest b (a bias given) or by its largest s (bias None), experts outside the best `limit`
+    groups drop out; idx = the topk largest b (or the hash table's row); weights = s[idx] / sum * route_scale."""
+    logits = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+    s = 1.0 / (1.0 + np.exp(-logits)) if score == "sigmoid" else np.sqrt(np.log1p(np.exp(logits)))
+    b = s + (0.0 if bias is None else np.asarray(bias, np.float64))
+    T, E = b.shape
+    if hash_idx is not None:
+        idx = np.asarray(hash_idx, np.int64)
+    else:
+        if groups > 1:
+            keep_groups = limit or max(1, groups // 2)
+            per = E // groups
+            rank = []
+            for g in range(groups):
+                cols = b[:, g * per:(g + 1) * per]
+                rank.append(np.sort(cols, 1)[:, -2:].sum(1) if bias is not None else cols.max(1))
+            rank = np.stack(rank, 1)
+            for t in range(T):
+                best = sorted(range(groups), key=lambda g: (-rank[t, g], g))[:keep_groups]
+                for g in set(range(groups)) - set(best):
+                    b[t, g * per:(g + 1) * per] = -np.inf
+        idx = np.stack([sorted(range(E), key=lambda e: (-row[e], e))[:topk] for row in b])
     wts = np.take_along_axis(s, idx, -1)
     return wts / wts.sum(-1, keepdims=True) * route_scale, idx
 

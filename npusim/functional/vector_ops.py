@@ -162,15 +162,15 @@ def gate_scores(logits: np.ndarray, score: str) -> np.ndarray:
 
 
 def route(s: np.ndarray, bias: np.ndarray, topk: int, groups: int, limit: int,
-          hash_idx: np.ndarray | None = None) -> np.ndarray:
-    """Experts per row: the hash table's, or the top-k of s + bias within the best `limit` groups (group score =
-    sum of its two best)."""
+          hash_idx: np.ndarray | None = None, group_score: str = "top2") -> np.ndarray:
+    """Experts per row: the hash table's, or the top-k of s + bias within the best `limit` groups (group score:
+    'top2' the sum of its two best, as DeepSeek's Gate with a correction bias; 'max' its best, the Gate without)."""
     if hash_idx is not None:
         return hash_idx.astype(np.int64)
     b = s + bias
     if groups > 1:
         g = b.reshape(b.shape[0], groups, -1)
-        best = np.sort(g, -1)[..., ::-1][..., :2].sum(-1)
+        best = np.sort(g, -1)[..., ::-1][..., :2].sum(-1) if group_score == "top2" else g.max(-1)
         keep = np.zeros_like(best, bool)
         np.put_along_axis(keep, _topk(best, limit), True, -1)
         b = np.where(np.repeat(keep, g.shape[-1], -1), b, -np.inf)
@@ -178,10 +178,10 @@ def route(s: np.ndarray, bias: np.ndarray, topk: int, groups: int, limit: int,
 
 
 @op
-def gate(c, bias, *hash_idx, shape, topk, groups, limit, score, route_scale, **_):
+def gate(c, bias, *hash_idx, shape, topk, groups, limit, score, route_scale, group_score="top2", **_):
     """MoE routing of each row: weights (s[idx] / sum * route_scale) then indices, side by side."""
     s = gate_scores(c, score)
-    idx = route(s, bias, topk, groups, limit, hash_idx[0] if hash_idx else None)
+    idx = route(s, bias, topk, groups, limit, hash_idx[0] if hash_idx else None, group_score)
     w = np.take_along_axis(s, idx, -1)
     return np.concatenate([w / w.sum(-1, keepdims=True) * route_scale, idx], 1)
 

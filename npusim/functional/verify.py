@@ -181,13 +181,18 @@ def verify_mhc_post(shape: dict, rng: np.random.Generator) -> list[Error]:
 
 
 def verify_moe_gate(shape: dict, rng: np.random.Generator) -> list[Error]:
+    """V3 (sigmoid, 8 groups ranked by their top-2 with the bias; by their max without one, fp32 GEMM as DeepSeek's
+    Gate) and V4 (sqrt-softplus, no groups): indices equal, weights within the fp32 vector math."""
     m, k, n, topk = (shape.get(x, v) for x, v in (("m", 9), ("k", 512), ("n", 64), ("topk", 8)))
     x, w, bias = rng.standard_normal((m, k)), 0.1 * rng.standard_normal((k, n)), 0.1 * rng.standard_normal(n)
+    groups = shape.get("groups", 8)
     out = []
-    for score, groups in (("sigmoid", shape.get("groups", 8)), ("sqrtsoftplus", 1)):
-        wt, idx = F.moe_gate(x, w, bias, topk, groups, score=score, route_scale=2.5)
-        rw, ri = R.moe_gate(rnd(x, "bf16"), rnd(w, "bf16"), bias, topk, groups, score=score, route_scale=2.5)
-        out.append(_err(f"{score} bf16", wt, rw, bool((idx == ri).all())))
+    for score, g, b, dt in (("sigmoid", groups, bias, "bf16"), ("sigmoid", groups, None, "fp32"),
+                            ("sqrtsoftplus", 1, bias, "bf16")):
+        wt, idx = F.moe_gate(x, w, b, topk, g, score=score, route_scale=2.5, dtype=dt)
+        rw, ri = R.moe_gate(rnd(x, dt), rnd(w, dt), b, topk, g, score=score, route_scale=2.5)
+        name = f"{score} {'top2' if b is not None else 'max'} {dt}"
+        out.append(_err(name, wt, rw, bool((idx == ri).all())))
     return out
 
 

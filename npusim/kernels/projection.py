@@ -82,6 +82,7 @@ class Projected(Kernel):
         raise NotImplementedError
 
     cube_dtype: ClassVar[str] = "bf16"
+    x_dtype: ClassVar[str] = "bf16"  # x as stored in GM (the cast workspace of `cast` kernels aside)
 
     def epilogue_flops(self) -> float:
         """Vector FLOPs of the epilogue per row."""
@@ -94,7 +95,7 @@ class Projected(Kernel):
     def work(self) -> Work:
         T, K, N = self.rows, self.depth, self.cols
         w = nbytes(self.cube_dtype, K, N)
-        x = nbytes("bf16", T, K)
+        x = nbytes(self.x_dtype, T, K)
         return Work(2.0 * T * K * N, x + w + T * self.epilogue_bytes(),
                     vector_flops=T * self.epilogue_flops() + (2.0 * T * K if self.cast else 0.0),
                     cube_dtype=self.cube_dtype)
@@ -173,7 +174,7 @@ class Projected(Kernel):
     @stage
     def copy_in(self, c: Code, q: Queues, p: Plan, x: Ref, w: Ref) -> None:
         """MTE2: the x tile (fp32 from the cast workspace for mHC pre) and the weight tile into L1."""
-        dt, adt, n = self.cube_dtype, "fp32" if self.cast else "bf16", w.size[1]
+        dt, adt, n = self.cube_dtype, "fp32" if self.cast else self.x_dtype, w.size[1]
         w_hit = 1.0 - 1.0 / cdiv(self.rows, p.bm)  # the weight is re-read by every row block: from L2 after the first
         c.alloc(q.l1)
         c.op("mte2", "load_x", Act("load", Ref("l1.a", (0, 0), (p.bm, p.kl1)), (x,), adt),
@@ -516,18 +517,23 @@ class MhcPre(Projected):
 
 # ------------------------------------------------------------------------------------------------------ MoE gate
 SCORES = ("sigmoid", "sqrtsoftplus")
+GROUP_SCORES = ("top2", "max")  # a group's rank: sum of its two best biased scores, or its best (no bias)
+GATE_DTYPES = ("bf16", "fp32")  # the GEMM's operands: bf16, or fp32 as DeepSeek's Gate (linear(x.float(), w.float()))
 
 
 @register
 @dataclass(frozen=True)
 class MoeGate(Projected):
     """MoE routing (models.md §1.2.1, §2.6): logits = x [m, k] @ w [k, n]; s = sigmoid (V3) or sqrt(softplus) (V4);
-    idx = top-k of s + bias, limited to the best `limit` of `groups` expert groups (group score: sum of its top-2)
+    idx = top-k of s + bias, limited to the best `limit` of `groups` expert groups (`group_score` top2: the sum of a
+    group's two best, DeepSeek's Gate with its correction bias; max: its best, the Gate without a bias)
     — or, hash layers, idx = the token's fixed row of the tid2eid table (hash_idx [m, topk]); weights =
-    s[idx] / sum * route_scale. bias [1, n] -> weights [m, topk], indices [m, topk]."""
+    s[idx] / sum * route_scale. bias [1, n] -> weights [m, topk], indices [m, topk]. `dtype` fp32 runs the GEMM on
+    fp32 x and weights (the reference's linear(x.float(), weight.float())) at the cube's fp32 rate."""
 
     name: ClassVar[str] = "moe_gate"
-    options: ClassVar[tuple[str, ...]] = ("score", "limit", "route_scale", "block_rows", "k_split", "buffering")
+    options: ClassVar[tuple[str, ...]] = ("score", "limit", "route_scale", "group_score", "dtype", "block_rows",
+                                          "k_split", "buffering")
     m: int
     k: int
     n: int
@@ -537,9 +543,19 @@ class MoeGate(Projected):
     score: str = "sigmoid"
     limit: int = 0  # groups kept; 0 = half of them
     route_scale: float = 1.0
+    group_score: str = "top2"
+    dtype: str = "bf16"
     block_rows: int = 0
     k_split: int = 0
     buffering: int = 0
+
+    @property
+    def cube_dtype(self) -> str:  # type: ignore[override]
+        return self.dtype
+
+    @property
+    def x_dtype(self) -> str:  # type: ignore[override]
+        return self.dtype
 
     @property
     def rows(self) -> int:
@@ -555,6 +571,12 @@ class MoeGate(Projected):
             raise NpusimError(f"moe_gate: score must be one of {', '.join(SCORES)}, got {self.score}", field="score")
         if self.n % max(1, self.groups):
             raise NpusimError(f"moe_gate: {self.n} experts do not split into {self.groups} groups", field="shape")
+        if self.group_score not in GROUP_SCORES:
+            raise NpusimError(f"moe_gate: group_score must be one of {', '.join(GROUP_SCORES)}, got "
+                              f"{self.group_score}", field="group_score")
+        if self.dtype not in GATE_DTYPES:
+            raise NpusimError(f"moe_gate: dtype must be one of {', '.join(GATE_DTYPES)}, got {self.dtype}",
+                              field="dtype")
         return self.n
 
     def epilogue_flops(self) -> float:
@@ -586,7 +608,8 @@ class MoeGate(Projected):
         v.op("vector", "gate", Act("gate", g, (Ref("ub.c", (0, 0), (rows, n)), Ref("ub.bias", (0, 0), (1, n))) + extra,
                                    "fp32", (("topk", k), ("groups", self.groups),
                                             ("limit", self.limit or max(1, self.groups // 2)), ("score", self.score),
-                                            ("route_scale", self.route_scale))),
+                                            ("route_scale", self.route_scale))
+                                   + ((("group_score", self.group_score),) if self.group_score != "top2" else ())),
              flops=rows * self.epilogue_flops(), bytes=4.0 * rows * n, dtype="fp32", src="ub", dst="ub")
         v.enque(q.outq)
         v.deque(q.outq)
