@@ -118,7 +118,9 @@ def test_grouped_gemm_rows_use_their_expert(counts):
 
 @pytest.mark.parametrize("m,n,k", [(96, 160, 300), (17, 129, 33)])
 def test_fp8_block_scales_stay_aligned_with_l0_steps(m, n, k):
-    """base_k must not straddle two 128-element scale blocks (it used to pick 192 and mis-scale half a step)."""
+    """base_k must not straddle two 128-element scale blocks (it used to pick 192 and mis-scale half a step). The
+    ue8m0 activation scales of 'fp8' are up to twice amax / 448 (one bit of the codes less than 'fp8amax')."""
     a, b = RNG.standard_normal((m, k)), RNG.standard_normal((k, n))
     ref = R.gemm(a, b)
-    assert np.abs(F.gemm(a, b, "fp8", "fp32", chip="950pr") - ref).max() <= 6e-2 * np.abs(ref).max()
+    for scheme, tol in (("fp8amax", 6e-2), ("fp8", 1e-1)):
+        assert np.abs(F.gemm(a, b, scheme, "fp32", chip="950pr") - ref).max() <= tol * np.abs(ref).max()

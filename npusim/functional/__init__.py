@@ -12,7 +12,7 @@ from functools import lru_cache
 import numpy as np
 
 from npusim.functional.executor import execute
-from npusim.functional.numerics import quantize, rnd
+from npusim.functional.numerics import INDEX_QUANT, quantize, rnd
 from npusim.spec.chip import Chip, load_chip
 
 
@@ -48,8 +48,8 @@ def _operands(a3: np.ndarray, b3: np.ndarray, dtype: str) -> dict[str, np.ndarra
     sch = scheme_of(dtype)
     if not sch.scale:
         return {"a": rnd(a3, sch.elem), "b": rnd(b3, sch.elem)}
-    (qa, sa), (qb, sb) = quantize(a3, sch.elem, 2, sch.qblock, sch.scale), quantize(b3, sch.elem, 1, sch.qblock,
-                                                                                     sch.scale, sch.b_block_n)
+    (qa, sa) = quantize(a3, sch.elem, 2, sch.qblock, sch.scale)
+    (qb, sb) = quantize(b3, sch.elem, 1, sch.qblock, sch.b_scale or sch.scale, sch.b_block_n)
     return {"a": qa, "sa": sa, "b": qb, "sb": sb}
 
 
@@ -84,9 +84,10 @@ def lightning_indexer(q: np.ndarray, k: np.ndarray, weights: np.ndarray, topk: i
 
     Queries are the last T positions of the S keys; with `causal`, key s is visible to query t iff
     s <= S - T + t. Indices are sorted by score (ties to the lower index); -1 (score -inf) where fewer than
-    topk keys are visible. dtype bf16 rounds q and k to bf16; int8 / fp8 quantise q per (token, head) and k per key
-    (symmetric, amax scales) as the indexer cache does, the query scales folded into the fp16 head weights W~ and the
-    key scales applied on the vector cores (models.md §3.4).
+    topk keys are visible. dtype bf16 rounds q and k to bf16; int8 / fp8 quantise the bf16 q per (token, head) and
+    k per key as the indexer cache does (int8: amax scales; fp8: DeepSeek's ue8m0 act_quant, numerics.INDEX_QUANT),
+    the query scales folded into the fp16 head weights W~ and the key scales applied on the vector cores
+    (models.md §3.4).
     """
     from npusim.kernels.indexer import DEQ, LightningIndexer, SCORE_DT
 
@@ -95,8 +96,8 @@ def lightning_indexer(q: np.ndarray, k: np.ndarray, weights: np.ndarray, topk: i
     kern = LightningIndexer(T, S, H, D, topk, 1, int(causal), dtype, **tiles)
     w = np.asarray(weights, np.float64)
     if kern.quantised:
-        elem = "int8" if dtype == "int8" else "fp8e4m3"
-        (q8, sq), (k8, sk) = quantize(q, elem, 2), quantize(k, elem, 1)
+        elem, fmt = INDEX_QUANT[dtype]
+        (q8, sq), (k8, sk) = quantize(rnd(q, "bf16"), elem, 2, 0, fmt), quantize(rnd(k, "bf16"), elem, 1, 0, fmt)
         t = {"q": q8.reshape(T * H, D), "k": k8, "w": rnd(w * sq[..., 0] / DEQ, SCORE_DT), "ks": sk.reshape(1, S)}
     else:
         t = {"q": rnd(q.reshape(T * H, D), dtype), "k": rnd(k, dtype), "w": rnd(w, SCORE_DT)}

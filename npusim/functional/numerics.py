@@ -36,7 +36,9 @@ def quantize(x: np.ndarray, elem: str, axis: int, block: int = 0, scale_fmt: str
 
     Returns (q, s) with x ~ q * repeat(s): q holds values of `elem`, s one scale per block (axis length
     ceil(n/block)); `other_block` > 1 shares a scale over that many entries of the last other axis (FP8 weights
-    use 128 x 128 blocks). e8m0 scales are powers of two (MX, ue8m0).
+    use 128 x 128 blocks). Scale formats: fp32 = amax / qmax (plain amax); e8m0 = its power of two above (MX);
+    ue8m0 = DeepSeek's act_quant(scale_fmt="ue8m0") of V3.2 / V4: amax floored at 1e-4, times the fp32 constant
+    1/qmax in fp32, rounded up to a power of two; x / s in fp32, clamped to +-qmax, then rounded to `elem`.
     """
     x = np.moveaxis(np.asarray(x, dtype=np.float64), axis, -1)
     n = x.shape[-1]
@@ -51,10 +53,27 @@ def quantize(x: np.ndarray, elem: str, axis: int, block: int = 0, scale_fmt: str
         padded = np.zeros(amax.shape[:-2] + (g * other_block, nb))
         padded[..., :r, :] = amax
         amax = np.repeat(padded.reshape(amax.shape[:-2] + (g, other_block, nb)).max(-2), other_block, -2)[..., :r, :]
-    s = np.where(amax > 0, amax / QMAX[elem], 1.0)
-    s = 2.0 ** np.ceil(np.log2(s)) if scale_fmt == "e8m0" else rnd(s, "fp32")
-    q = rnd(pad.reshape(x.shape[:-1] + (nb, blk)) / s[..., None], elem).reshape(pad.shape)[..., :n]
+    blocks = pad.reshape(x.shape[:-1] + (nb, blk))
+    if scale_fmt == "ue8m0":
+        s = pow2_ceil(rnd(np.maximum(rnd(amax, "fp32"), rnd(1e-4, "fp32")) * rnd(1.0 / QMAX[elem], "fp32"), "fp32"))
+        q = rnd(np.clip(rnd(blocks / s[..., None], "fp32"), -QMAX[elem], QMAX[elem]), elem)
+    else:
+        s = np.where(amax > 0, amax / QMAX[elem], 1.0)
+        s = 2.0 ** np.ceil(np.log2(s)) if scale_fmt == "e8m0" else rnd(s, "fp32")
+        q = rnd(blocks / s[..., None], elem)
+    q = q.reshape(pad.shape)[..., :n]
     return np.moveaxis(q, -1, axis), np.moveaxis(s, -1, axis)
+
+
+# the lightning indexer's quantised q and k: element format and scale format (one scale per head vector; DeepSeek's
+# indexer: act_quant(q / k, 128, ue8m0) over its 128-dim heads)
+INDEX_QUANT = {"int8": ("int8", "fp32"), "fp8": ("fp8e4m3", "ue8m0")}
+
+
+def pow2_ceil(s: np.ndarray) -> np.ndarray:
+    """The least power of two >= s (s > 0), exactly: frexp gives s = m 2^e with m in [0.5, 1)."""
+    m, e = np.frexp(s)
+    return np.ldexp(1.0, np.where(m == 0.5, e - 1, e))
 
 
 def expand(s: np.ndarray, axis: int, block: int, n: int) -> np.ndarray:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from npusim.functional.numerics import quantize, rnd
+from npusim.functional.numerics import QMAX, quantize, rnd
 from npusim.functional.ops import op
 
 
@@ -62,15 +62,19 @@ def place_every(table, rows, shape, first, step, **_):
 
 @op
 def quant_scale(x, shape, elem, block, scale_fmt, **_):
-    return quantize(x, elem, 1, block, "e8m0" if scale_fmt == "e8m0" else "fp32")[1]
+    return quantize(x, elem, 1, block, scale_fmt)[1]
 
 
 @op
-def quant_apply(x, s, shape, elem, block, **_):
-    """x / scale rounded to the element format (the scales of `quant_scale`)."""
+def quant_apply(x, s, shape, elem, block, scale_fmt="fp32", **_):
+    """x / scale rounded to the element format (the scales of `quant_scale`); ue8m0 as DeepSeek's act_quant: the
+    quotient in fp32, clamped to the format's range."""
     n = x.shape[1]
     per = np.repeat(s, block or n, 1)[:, :n]
-    return rnd(np.divide(x, per, out=np.zeros_like(x), where=per != 0), elem)
+    y = np.divide(x, per, out=np.zeros_like(x), where=per != 0)
+    if scale_fmt == "ue8m0":
+        y = np.clip(rnd(y, "fp32"), -QMAX[elem], QMAX[elem])
+    return rnd(y, elem)
 
 
 @op

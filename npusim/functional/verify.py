@@ -9,7 +9,7 @@ import numpy as np
 
 from npusim import functional as F
 from npusim.functional import reference as R
-from npusim.functional.numerics import quantize, rnd
+from npusim.functional.numerics import INDEX_QUANT, quantize, rnd
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,8 @@ def indexer_inputs(q: np.ndarray, k: np.ndarray, dtype: str) -> tuple[np.ndarray
     per key) and dequantised, the inputs the float64 reference is given."""
     if dtype not in ("int8", "fp8"):
         return rnd(q, dtype), rnd(k, dtype)
-    elem = "int8" if dtype == "int8" else "fp8e4m3"
-    (q8, sq), (k8, sk) = quantize(q, elem, 2), quantize(k, elem, 1)
+    elem, fmt = INDEX_QUANT[dtype]
+    (q8, sq), (k8, sk) = quantize(rnd(q, "bf16"), elem, 2, 0, fmt), quantize(rnd(k, "bf16"), elem, 1, 0, fmt)
     return q8 * sq, k8 * sk
 
 
@@ -223,7 +223,7 @@ def verify_quantise(shape: dict, rng: np.random.Generator) -> list[Error]:
     rows, n = shape.get("rows", 9), shape.get("elements", 512)
     x = rng.standard_normal((rows, n))
     out = []
-    for dt in ("int8", "fp8", "mxfp8", "mxfp4"):
+    for dt in ("int8", "fp8", "fp8amax", "mxfp8", "mxfp4"):
         q, s = F.quantise(x, dt)
         out.append(_err(dt, F.dequantise(q, s, dt), rnd(x, "bf16")))
     return out

@@ -42,6 +42,7 @@ class Scheme:
     scale: str = ""  # scale format ("" = unscaled, "fp32", "e8m0")
     fixpipe_dequant: bool = False  # scale applied once on L0C -> GM (INT8) instead of per K block in the cube
     b_block_n: int = 1  # columns of B sharing a scale (FP8: 128 x 128 weight blocks)
+    b_scale: str = ""  # B's scale format when it differs from A's (DeepSeek FP8: fp32 weight scales)
 
 
 SCHEMES = {
@@ -50,8 +51,10 @@ SCHEMES = {
     "fp32": Scheme("fp32", "fp32"),
     # W8A8: per-token activation and per-channel weight scales, dequantised in FIXPIPE (models.md §3.1 DEQF16)
     "int8": Scheme("int8", "int8", 0, "fp32", fixpipe_dequant=True),
-    # DeepSeek FP8: activations 1x128, weights 128x128 blocks (models.md §1.1 scale_fmt)
-    "fp8": Scheme("fp8", "fp8e4m3", 128, "fp32", b_block_n=128),
+    # DeepSeek FP8: activations 1x128 with ue8m0 scales (act_quant, scale_fmt of the V3.2 / V4 configs), weights
+    # 128x128 blocks with fp32 scales (models.md §1.1); fp8amax: the activation scales plain amax / 448
+    "fp8": Scheme("fp8", "fp8e4m3", 128, "ue8m0", b_block_n=128, b_scale="fp32"),
+    "fp8amax": Scheme("fp8", "fp8e4m3", 128, "fp32", b_block_n=128),
     # OCP MX formats: one e8m0 scale per 32 elements along K (models.md §2.1 "1x32 blocks, ue8m0")
     "mxfp8": Scheme("mxfp8", "fp8e4m3", 32, "e8m0"),
     "mxfp4": Scheme("mxfp4", "fp4e2m1", 32, "e8m0"),

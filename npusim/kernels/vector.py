@@ -510,12 +510,18 @@ class QuantFormat:
 
     elem: str
     block: int
-    scale: str  # fp32 | e8m0
+    scale: str  # fp32 (amax / max) | e8m0 (MX) | ue8m0 (DeepSeek act_quant: powers of two stored in fp32)
+
+    @property
+    def storage(self) -> str:
+        """The dtype the scales are stored in."""
+        return "e8m0" if self.scale == "e8m0" else "fp32"
 
 
-QUANT = {  # models.md §1.1 (fp8 1x128 activations), §2.1 (MX 1x32 ue8m0), §3.2 (int8 per token)
+QUANT = {  # models.md §1.1 (fp8 1x128 activations, ue8m0), §2.1 (MX 1x32 ue8m0), §3.2 (int8 per token)
     "int8": QuantFormat("int8", 0, "fp32"),
-    "fp8": QuantFormat("fp8e4m3", 128, "fp32"),
+    "fp8": QuantFormat("fp8e4m3", 128, "ue8m0"),  # V3.2 / V4 configs: scale_fmt ue8m0
+    "fp8amax": QuantFormat("fp8e4m3", 128, "fp32"),  # plain amax / 448 scales
     "mxfp8": QuantFormat("fp8e4m3", 32, "e8m0"),
     "mxfp4": QuantFormat("fp4e2m1", 32, "e8m0"),
 }
@@ -562,7 +568,7 @@ class Quantise(Tiled):
 
     def outputs(self) -> tuple[Operand, ...]:
         f = self.fmt
-        return (Operand("q", 1, self.elements, f.elem, False), Operand("s", 1, self.blocks(), f.scale, False))
+        return (Operand("q", 1, self.elements, f.elem, False), Operand("s", 1, self.blocks(), f.storage, False))
 
     def steps(self) -> tuple[Step, ...]:
         q, s = self.outputs()

@@ -1,0 +1,74 @@
+"""npusim.functional held against DeepSeek's reference inference code (V3.2-Exp inference/model.py + kernel.py after
+the 2025-11-17 indexer fix, V4-Flash inference/): each check re-derives the reference's semantics from its formulas
+(float64, or bit for bit in fp32 / fp8 where the reference is exact) on random inputs."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from npusim import functional as F
+from npusim.functional.numerics import rnd
+
+F8 = ml_dtypes.float8_e4m3fn
+
+
+def act_quant_ue8m0(x: np.ndarray, block: int = 128) -> tuple[np.ndarray, np.ndarray]:
+    """kernel.py act_quant(x, block, scale_fmt="ue8m0") in fp32 bits: amax = max(max|x|, 1e-4) per 1 x block;
+    s = 2^ceil(log2(amax * fp32(1/448))) from the fp32 exponent and mantissa bits (fast_round_scale);
+    y = fp8_e4m3(clamp(x / s, -448, 448))."""
+    x32 = x.astype(np.float32).reshape(x.shape[0], -1, block)
+    amax = np.maximum(np.abs(x32).max(-1), np.float32(1e-4))
+    prod = (amax * np.float32(1.0 / 448.0)).astype(np.float32)
+    bits = prod.view(np.uint32)
+    exp = ((bits >> 23) & 0xFF).astype(np.int64) - 127 + ((bits & 0x7FFFFF) != 0)
+    s = ((exp + 127).astype(np.uint32) << 23).view(np.float32)
+    y = np.clip(x32 / s[..., None], np.float32(-448), np.float32(448)).astype(F8)
+    return y.reshape(x.shape).astype(np.float64), s.astype(np.float64)
+
+
+def test_fp8_activation_quantisation_is_deepseeks_ue8m0_bit_for_bit():
+    """F.quantise(x, 'fp8') (the Quantise trace) gives the reference's codes and power-of-two scales exactly,
+    including an all-zero block (the 1e-4 floor); the plain amax / 448 scheme keeps its own name and equals the
+    reference on only a fraction of the codes."""
+    rng = np.random.default_rng(0)
+    x = rnd(rng.standard_normal((33, 512)) * rng.uniform(1e-3, 30, (33, 1)), "bf16")
+    x[3, 128:256] = 0.0
+    q, s = F.quantise(x, "fp8")
+    rq, rs = act_quant_ue8m0(x)
+    assert np.array_equal(s, rs) and np.array_equal(q, rq)
+    assert s[3, 1] == 2.0 ** -22  # 1e-4 / 448 = 2.2e-7 rounds up to 2^-22
+    qa, sa = F.quantise(x, "fp8amax")
+    assert (qa == rq).mean() < 0.5 and not np.array_equal(sa, rs)
+
+
+def test_fp8_gemm_quantises_activations_as_act_quant_and_weights_in_fp32_blocks():
+    """gemm dtype fp8 = DeepSeek's fp8 linear: activations 1x128 ue8m0 (act_quant), weights 128x128 blocks with an
+    fp32 amax scale; the product equals the float64 product of the dequantised operands to fp32 accumulation."""
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((40, 384)), rng.standard_normal((384, 256))
+    qa, sa = act_quant_ue8m0(rnd(a, "bf16"))
+    bt = b.reshape(3, 128, 2, 128)
+    sb = (np.abs(bt).max((1, 3)) / 448.0).astype(np.float32).astype(np.float64)  # fp32 scale per 128 x 128
+    qb = (bt / sb[:, None, :, None]).astype(F8).astype(np.float64)
+    ref = (qa * np.repeat(sa, 128, 1)) @ (qb * sb[:, None, :, None]).reshape(384, 256)
+    got = F.gemm(rnd(a, "bf16"), b, dtype="fp8", out_dtype="fp32", chip="950pr")
+    assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()
+    amax = F.gemm(rnd(a, "bf16"), b, dtype="fp8amax", out_dtype="fp32", chip="950pr")
+    assert np.abs(amax - ref).max() > 10 * np.abs(got - ref).max()
+
+
+def test_fp8_lightning_indexer_quantises_q_and_k_as_act_quant():
+    """F.lightning_indexer(dtype='fp8') scores equal the float64 indexer on the ue8m0-quantised q and k (per
+    (token, head) and per key, 128 dims each) within the fp16 head reduction, and pick the same keys."""
+    from npusim.functional import reference as R
+    from npusim.functional.verify import indexer_tolerance, topk_agrees
+
+    rng = np.random.default_rng(2)
+    t, s, h, d, k = 6, 300, 8, 128, 32
+    q, kk, w = rng.standard_normal((t, h, d)), rng.standard_normal((s, d)), rng.standard_normal((t, h))
+    qq, qs = act_quant_ue8m0(rnd(q, "bf16").reshape(t * h, d))
+    kq, ks = act_quant_ue8m0(rnd(kk, "bf16"))
+    qd, kd = (qq * qs).reshape(t, h, d), kq * ks
+    _, idx = F.lightning_indexer(q, kk, w, k, dtype="fp8", chip="950pr")
+    ref = R.indexer_scores(qd, kd, w)
+    assert topk_agrees(idx, ref, k, indexer_tolerance(qd, kd, w))
