@@ -8,7 +8,8 @@ import pytest
 
 from npusim.errors import NpusimError
 from npusim.graph.accounting import cache_footprint, parameters
-from npusim.spec.model import HF_IGNORED, load_model, model_names
+from npusim.spec.hf import COMMON_IGNORED
+from npusim.spec.model import load_model, model_names
 from npusim.spec.quant import PRESETS, get_quant
 
 MODELS = ("deepseek-v3.2-exp", "deepseek-v3.1", "deepseek-v4-flash", "deepseek-v4-pro")
@@ -148,7 +149,7 @@ def test_hf_config_json_maps_onto_the_same_model(tmp_path, models):
     hf = load_model(_write(tmp_path, V4_FLASH_HF))
     ours = models["deepseek-v4-flash"]
     assert hf.name == "DeepSeek-V4-Flash" and hf.default_quant == "mxfp8-mxfp4"
-    skip = {"name", "description", "provenance", "compress_ratios"}
+    skip = {"name", "description", "provenance", "compress_ratios", "source_model_type", "ignored", "checked"}
     for f in ours.__dataclass_fields__:
         if f not in skip:
             assert getattr(hf, f) == getattr(ours, f), f
@@ -160,7 +161,7 @@ def test_hf_config_json_maps_onto_the_same_model(tmp_path, models):
 def test_hf_config_unknown_key_is_an_error_with_a_suggestion(tmp_path):
     with pytest.raises(NpusimError, match=r"hiden_size.*did you mean 'hidden_size'"):
         load_model(_write(tmp_path, V4_FLASH_HF | {"hiden_size": 1}))
-    assert "hidden_size" not in HF_IGNORED
+    assert "hidden_size" not in COMMON_IGNORED
 
 
 def test_yaml_typo_is_not_ignored(tmp_path):

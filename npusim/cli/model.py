@@ -29,6 +29,8 @@ def register(sub) -> None:
     p.add_argument("--batch", type=int, default=1, help="sequences in the step (default 1)")
     p.add_argument("--mtp", type=int, default=0, help="MTP draft tokens per sequence (default 0)")
     p.add_argument("--quant", default=None, help=f"quantisation preset ({', '.join(PRESETS)}; default: the model's)")
+    p.add_argument("--verbose", action="store_true",
+                   help="for a config.json: its architecture and the keys ignored (they do not change cost)")
     common.add_set(p)
     common.add_format(p)
     p.set_defaults(run=run_show)
@@ -80,5 +82,9 @@ def run_show(args) -> None:
     if args.format == "table":
         for col in ("GFLOP", "MB read", "MB written", "FLOP/B"):
             frame[col] = frame[col].map(lambda v: f"{v:.4g}")
-    common.emit(frame, args.format, title=title,
-                extra={"scenario": graph.scenario, "quant": graph.quant, **_totals(graph)})
+    extra = {"scenario": graph.scenario, "quant": graph.quant, **_totals(graph)}
+    if args.verbose and model.source_model_type:
+        extra |= {"config model_type": f"{model.source_model_type} (npusim family {model.model_type})",
+                  "ignored config keys (no effect on cost)": ", ".join(model.ignored) or "none",
+                  "config keys at the value npusim models": ", ".join(model.checked) or "none"}
+    common.emit(frame, args.format, title=title, extra=extra)

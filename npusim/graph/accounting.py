@@ -14,12 +14,17 @@ UNQUANTISED = "unquantised"  # norms, MoE gate, indexer weights_proj, mHC mixing
 
 
 def kv_row_bytes(model: ModelConfig, quant: QuantScheme) -> float:
-    """One KV cache row: MLA latent (kv_lora_rank) or V4 nope part in the cache format, RoPE part in BF16."""
+    """One KV cache row: MLA latent (kv_lora_rank) or V4 nope part in the cache format, RoPE part in BF16; GQA's K
+    and V of every KV head, all of it in the cache format."""
+    if model.is_gqa:
+        return quant.kv_cache.bytes_for(kv_row_elements(model))
     nope = model.head_dim - model.qk_rope_head_dim if model.is_v4 else model.kv_lora_rank
     return quant.kv_cache.bytes_for(nope) + BF16.bytes_for(model.qk_rope_head_dim)
 
 
 def kv_row_elements(model: ModelConfig) -> int:
+    if model.is_gqa:
+        return 2 * model.num_key_value_heads * model.head_dim
     return model.head_dim if model.is_v4 else model.kv_lora_rank + model.qk_rope_head_dim
 
 
@@ -95,7 +100,12 @@ def _add(acc: dict[str, float], cls: str, n: float) -> None:
 def _attention(model: ModelConfig, layer: int, acc: dict[str, float]) -> float:
     """Attention (+ indexer, compressor, mHC) parameters of one layer into `acc`; returns the indexer's share."""
     h, nh, ql, rope = model.hidden_size, model.num_attention_heads, model.q_lora_rank, model.qk_rope_head_dim
-    _add(acc, UNQUANTISED, 2 * h + ql)  # attn_norm, ffn_norm, q_norm
+    _add(acc, UNQUANTISED, 2 * h + ql)  # attn_norm, ffn_norm, q_norm (the q latent's)
+    if model.is_gqa:
+        hd, kvh = model.head_dim, model.num_key_value_heads
+        _add(acc, "attention", h * (nh + 2 * kvh) * hd + nh * hd * h)  # q, k, v, o
+        _add(acc, UNQUANTISED, 2 * hd * model.qk_norm)  # the q and k head norms
+        return 0.0
     if model.is_v4:
         hd = model.head_dim
         _add(acc, "attention", h * ql + ql * nh * hd + h * hd + nh * hd * model.o_lora_rank

@@ -5,6 +5,10 @@ for V3.2, dense for V3.1 decode, naive MHA for V3.1 prefill as production serves
 request: `dense_prefill`) — then dense FFN or MoE.
 V4 (§2): mHC pre/post around each sublayer, shared-KV MQA with the sink and grouped low-rank output, Compressor and
 indexer per compress ratio, MoE with sqrt-softplus gate (hash-routed first layers) and clamped SwiGLU.
+GQA (Qwen3-MoE, GLM-4.5): one fused q/k/v projection, RMSNorm per q and k head where the model has it, RoPE on the
+rotary part of the q and k heads, K and V of the KV heads into the cache, causal flash attention with the query
+heads of a group sharing their KV head (prefill and decode alike), o_proj; then dense FFN or MoE. Q/K/V biases are
+not modelled (a vector add per output).
 """
 
 from __future__ import annotations
@@ -116,6 +120,27 @@ class _Layers:
                   + (t * min(m.index_topk, q.last) * INDEX_BYTES if sparse else 0),
                   bytes_written=BF16.bytes_for(t * nh * kvl))
 
+    def gqa(self) -> list[Op]:
+        """GQA attention: every query attends to its sequence's keys, read once per sequence and KV head."""
+        m, q, t = self.m, self.q, self.t
+        h, nh, kvh, hd = m.hidden_size, m.num_attention_heads, m.num_key_value_heads, m.head_dim
+        ops = [norm("attn_norm", t, h), self.linear("qkv_proj", h, (nh + 2 * kvh) * hd, "attention")]
+        if m.qk_norm:
+            ops.append(vector("qk_head_norm", "rmsnorm", {"tokens": t, "heads": nh + kvh, "width": hd},
+                              read=BF16.bytes_for(t * (nh + kvh) * hd), written=BF16.bytes_for(t * (nh + kvh) * hd),
+                              flops=4.0 * t * (nh + kvh) * hd, weight_bytes=BF16.bytes_for(2 * hd)))
+        pairs = q.pairs()
+        attn = Op(name="attention", kind="flash_attention", unit="cube",
+                  shape={"tokens": t, "heads": nh, "kv_heads": kvh, "d_qk": hd, "d_v": hd, "keys": q.last,
+                         "pairs": pairs},
+                  dtypes={"q": BF16.dtype, "kv": self.quant.kv_cache.dtype, "out": BF16.dtype},
+                  flops=2.0 * pairs * nh * 2 * hd,
+                  bytes_read=BF16.bytes_for(t * nh * hd) + q.batch * q.last * self.kv_row,
+                  bytes_written=BF16.bytes_for(t * nh * hd))
+        return ops + [rope("rope", t, nh + kvh, m.qk_rope_head_dim),
+                      cache_store("kv_cache_update", t, 2 * kvh * hd, self.kv_row, self.quant.kv_cache), attn,
+                      self.linear("o_proj", nh * hd, h, "attention")]
+
     def mha_prefill(self) -> list[Op]:
         """Dense prefill in MHA mode: up-project the latents of every key the step sees (a cached prefix's too) with
         kv_b, then causal flash attention."""
@@ -124,7 +149,8 @@ class _Layers:
         d_qk = nope + rope_d
         pairs, keys = q.pairs(), q.batch * q.last
         attn = Op(name="attention", kind="flash_attention", unit="cube",
-                  shape={"tokens": t, "heads": nh, "d_qk": d_qk, "d_v": v, "keys": q.last, "pairs": pairs},
+                  shape={"tokens": t, "heads": nh, "kv_heads": nh, "d_qk": d_qk, "d_v": v, "keys": q.last,
+                         "pairs": pairs},
                   dtypes={"q": BF16.dtype, "kv": BF16.dtype, "out": BF16.dtype}, flops=2.0 * pairs * nh * (d_qk + v),
                   bytes_read=BF16.bytes_for(t * nh * d_qk + keys * nh * (d_qk + v)),
                   bytes_written=BF16.bytes_for(t * nh * v))
@@ -249,6 +275,8 @@ class _Layers:
         if self.m.is_v4:
             return (self.v4_attention(layer) + [self.mhc_pre("mhc_pre_ffn")] + self.ffn(layer)
                     + [self.mhc_post("mhc_post_ffn")])
+        if self.m.is_gqa:
+            return self.gqa() + self.ffn(layer)
         return self.mla(mha) + self.ffn(layer)
 
     # ------------------------------------------------------------------ ends of the model

@@ -46,8 +46,11 @@ class Memory:
 
 
 def _o_proj_params(model: ModelConfig) -> float:
-    per_layer = (model.o_groups * model.o_lora_rank * model.hidden_size if model.is_v4
-                 else model.num_attention_heads * model.v_head_dim * model.hidden_size)
+    if model.is_v4:
+        per_layer = model.o_groups * model.o_lora_rank * model.hidden_size
+    else:
+        per_layer = model.num_attention_heads * (model.head_dim if model.is_gqa else model.v_head_dim) * \
+            model.hidden_size
     return per_layer * model.num_hidden_layers
 
 
@@ -82,10 +85,14 @@ def weight_bytes(model: ModelConfig, plan: Plan, phase: str, quant: QuantScheme)
 
 
 def kv_bytes(model: ModelConfig, plan: Plan, step: RankStep, quant: QuantScheme, context: int) -> float:
-    """Caches one rank holds at the end of the step: its sequences' rows for every layer of its stage."""
+    """Caches one rank holds at the end of the step: its sequences' rows for every layer of its stage. MLA's latent
+    (and V4's shared head) is replicated over attention TP; GQA's KV heads are split over it (replicated once the
+    TP degree exceeds the KV heads)."""
     inst = step.instance
     fp = accounting.cache_footprint(model, quant)
     layers_share = 1.0 / inst.pp
+    if model.is_gqa:
+        layers_share /= min(inst.attention.tp, model.num_key_value_heads)
     if step.phase == "prefill" and inst.attention.cp > 1:
         per_layer = fp.bytes_per_token / model.num_hidden_layers
         own = step.sequences * context * fp.bytes_per_token * layers_share

@@ -137,8 +137,6 @@ def _default_kernel(op: Op, chip: Chip) -> Kernel | None:
     if op.kind in ATTENTION:
         shape = {k: v for k, v in _accepted(op.kind, s).items() if k not in ("tokens", "batch")}
         shape |= {"tokens": max(1, s["tokens"] // batch), "batch": batch, "keys": max(s.get("keys", 1), 1)}
-        if op.kind == "flash_attention" and s["d_qk"] != s["d_v"] + 64:
-            shape["kv_heads"] = s["heads"]  # MHA mode (V3.1 prefill): every head has its own K and V
         opts = {"dtype": "bf16"} if op.kind == "v4_attention" else {"dtype": "bf16", "causal": 0}
         return kernel(op.kind, shape, **opts)
     if op.kind in ROWWISE_OPS:

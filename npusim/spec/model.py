@@ -1,34 +1,27 @@
-"""Model configs: DeepSeek-V3 / V3.2 (MLA, optional DSA indexer) and V4 (shared-KV MQA, Compressor, mHC).
+"""Model configs: DeepSeek-V3 / V3.2 (MLA, optional DSA indexer), V4 (shared-KV MQA, Compressor, mHC), and MoE
+models with GQA attention (Qwen3-MoE, GLM-4.5).
 
-Field names are those of the Hugging Face `config.json` of each model, so `load_model` also accepts such a file:
-its keys are mapped 1:1, the keys listed in HF_IGNORED are dropped (they do not change cost), and anything else is
-an error with a suggestion — the same rule our own YAML files follow, where no key is ignored.
+Field names are those of the Hugging Face `config.json` of the DeepSeek models, so `load_model` also accepts such a
+file: npusim.spec.hf maps it by its `model_type` (the architecture), drops the keys that do not change cost (kept
+in `ignored`, shown by --verbose) and refuses by name any key it does not know — the same rule our own YAML files
+follow, where no key is ignored.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from npusim.errors import NpusimError
 from npusim.spec.catalog import Catalog, Provenance, display_path
+from npusim.spec import hf
 from npusim.spec.quant import PRESETS
 from npusim.spec.schema import count, counts, internal, normalise, quantity, text
 
-MODEL_TYPES = ("deepseek_v3", "deepseek_v32", "deepseek_v4")
+MODEL_TYPES = ("deepseek_v3", "deepseek_v32", "deepseek_v4", "gqa_moe")
 COMPRESS_RATIOS = (0, 4, 128)  # 0 = sliding window only, 4 = CSA (overlapping, with indexer), 128 = HCA
 OVERLAP_RATIO = 4
-
-# HF config.json keys that do not change shapes, FLOPs or bytes (numerics, tokeniser, training-only, serving).
-HF_IGNORED = frozenset({
-    "architectures", "auto_map", "attention_bias", "attention_dropout", "bos_token_id", "eos_token_id", "pad_token_id",
-    "ep_size", "hidden_act", "initializer_range", "moe_layer_freq", "norm_topk_prob", "num_key_value_heads",
-    "pretraining_tp", "rms_norm_eps", "rope_scaling", "rope_theta", "compress_rope_theta", "tie_word_embeddings",
-    "topk_method", "torch_dtype", "dtype", "transformers_version", "use_cache", "aux_loss_alpha", "seq_aux",
-    "hc_eps", "indexer_rope_interleave", "scale_fmt", "quantization_config", "expert_dtype",
-})
-
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
@@ -36,7 +29,8 @@ class ModelConfig:
 
     name: str = text()
     description: str = text(default="")
-    model_type: str = text(choices=MODEL_TYPES, doc="deepseek_v3: MLA; deepseek_v32: MLA + DSA; deepseek_v4")
+    model_type: str = text(choices=MODEL_TYPES,
+                           doc="deepseek_v3: MLA; deepseek_v32: MLA + DSA; deepseek_v4; gqa_moe: GQA attention + MoE")
     default_quant: str = text(default="bf16", choices=tuple(PRESETS), doc="format of the released weights")
     vocab_size: int = count()
     hidden_size: int = count()
@@ -45,7 +39,7 @@ class ModelConfig:
     max_position_embeddings: int = count()
     # attention (shared)
     num_attention_heads: int = count()
-    q_lora_rank: int = count()
+    q_lora_rank: int = count(default=0, minimum=0, doc="MLA / V4 query latent; 0 for GQA")
     qk_rope_head_dim: int = count()
     # MLA (V3, V3.2)
     kv_lora_rank: int = count(default=0, minimum=0)
@@ -55,8 +49,11 @@ class ModelConfig:
     index_n_heads: int = count(default=0, minimum=0)
     index_head_dim: int = count(default=0, minimum=0)
     index_topk: int = count(default=0, minimum=0)
+    # GQA attention (head_dim is also V4's)
+    num_key_value_heads: int = count(default=0, minimum=0, doc="GQA: heads of K and of V, shared by query groups")
+    qk_norm: int = count(default=0, minimum=0, doc="GQA: 1 = RMSNorm on each q and k head (Qwen3, GLM-4.5)")
     # V4 attention
-    head_dim: int = count(default=0, minimum=0, doc="V4 shared K=V head width")
+    head_dim: int = count(default=0, minimum=0, doc="V4 shared K=V head width; GQA head width")
     o_groups: int = count(default=0, minimum=0)
     o_lora_rank: int = count(default=0, minimum=0)
     sliding_window: int = count(default=0, minimum=0)
@@ -77,11 +74,18 @@ class ModelConfig:
     routed_scaling_factor: float = quantity("number")
     swiglu_limit: float = quantity("number", default=0.0, minimum=0.0, strict=False, doc="0 = no clamp")
     provenance: Provenance = internal()
+    source_model_type: str = internal(default="")  # a config.json's model_type (its architecture)
+    ignored: tuple[str, ...] = internal(default=())  # config.json keys dropped: they do not change cost
+    checked: tuple[str, ...] = internal(default=())  # config.json keys holding the value npusim's model assumes
 
     # ------------------------------------------------------------------ derived
     @property
     def is_v4(self) -> bool:
         return self.model_type == "deepseek_v4"
+
+    @property
+    def is_gqa(self) -> bool:
+        return self.model_type == "gqa_moe"
 
     @property
     def has_indexer(self) -> bool:
@@ -95,6 +99,8 @@ class ModelConfig:
         """mla (dense), dsa (indexer + sparse MLA), or V4's swa / csa / hca by the layer's compress ratio."""
         if self.is_v4:
             return {0: "swa", OVERLAP_RATIO: "csa"}.get(self.compress_ratio(layer), "hca")
+        if self.is_gqa:
+            return "gqa"
         return "dsa" if self.has_indexer else "mla"
 
     def is_dense_ffn(self, layer: int) -> bool:
@@ -120,7 +126,23 @@ class ModelConfig:
             p.append(("index_topk", "must be 0 for deepseek_v3 (no indexer); use model_type deepseek_v32"))
         if self.model_type == "deepseek_v32" and not self.has_indexer:
             p.append(("index_topk", "must be > 0 for deepseek_v32 (the DSA indexer picks index_topk keys)"))
+        if self.is_gqa:
+            return p + self._check_gqa()
+        if not self.q_lora_rank:
+            p.append(("q_lora_rank", "is missing: MLA and DeepSeek-V4 queries go through the q latent"))
         return p + (self._check_v4() if self.is_v4 else self._check_mla())
+
+    def _check_gqa(self) -> list[tuple[str, str]]:
+        p = [(f, "is missing: GQA attention needs it") for f in ("num_key_value_heads", "head_dim")
+             if not getattr(self, f)]
+        if self.num_key_value_heads and self.num_attention_heads % self.num_key_value_heads:
+            p.append(("num_key_value_heads", f"{self.num_key_value_heads} does not divide num_attention_heads "
+                                             f"({self.num_attention_heads})"))
+        if self.has_indexer:
+            p.append(("index_topk", "must be 0 for gqa_moe (dense attention)"))
+        if self.head_dim and self.qk_rope_head_dim > self.head_dim:
+            p.append(("qk_rope_head_dim", f"{self.qk_rope_head_dim} is more than head_dim ({self.head_dim})"))
+        return p
 
     def _check_mla(self) -> list[tuple[str, str]]:
         return [(f, "is missing: MLA needs it") for f in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim")
@@ -149,12 +171,17 @@ class ModelConfig:
 MODELS = Catalog("model", "workloads/models", ModelConfig, require_sources=False)
 
 
-def _quant_of_hf(config: dict) -> str:
-    """The preset matching a checkpoint's quantization_config / expert_dtype."""
+def _quant_of_hf(config: dict, shown: str) -> str:
+    """The preset matching a checkpoint's quantization_config / expert_dtype; a format without one is refused (it
+    changes the weights' bytes)."""
     method = (config.get("quantization_config") or {}).get("quant_method")
+    if method is None:
+        return "bf16"
     if method == "fp8":
         return "mxfp8-mxfp4" if config.get("expert_dtype") == "fp4" else "fp8"
-    return "bf16"
+    raise NpusimError(f"quant_method '{method}' has no npusim preset (allowed: fp8, or none for BF16); remove "
+                      f"quantization_config and choose the format with --quant", file=shown,
+                      field="quantization_config")
 
 
 def _load_hf(path: Path, overrides: dict[str, str] | None) -> ModelConfig:
@@ -167,10 +194,12 @@ def _load_hf(path: Path, overrides: dict[str, str] | None) -> ModelConfig:
         raise NpusimError(f"is not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}", file=shown) from None
     if not isinstance(data, dict):
         raise NpusimError("must be a JSON object of config fields", file=shown)
-    kept = {k: v for k, v in data.items() if k not in HF_IGNORED}
-    kept["default_quant"] = _quant_of_hf(data)
+    mapped = hf.map_config(data, shown)
+    kept = dict(mapped.fields)
+    kept["default_quant"] = _quant_of_hf(data, shown)
     kept.setdefault("name", path.parent.name if path.stem == "config" else path.stem)
-    return MODELS.from_tree(normalise(kept, shown), shown, overrides)
+    model = MODELS.from_tree(normalise(kept, shown), shown, overrides)
+    return replace(model, source_model_type=mapped.source_model_type, ignored=mapped.ignored, checked=mapped.checked)
 
 
 def load_model(name: str, overrides: dict[str, str] | None = None) -> ModelConfig:
