@@ -14,6 +14,8 @@ from npusim.planner import SearchSpace, Traffic, commands, search, write_plan
 from npusim.planner.search import PERCENTILES
 from npusim.planner.space import MTP_ACCEPTANCE
 from npusim.results.cost import CostParams, chip_usd_per_second
+from npusim.results.launch import Limits, launch
+from npusim.spec.framework import frameworks
 from npusim.serving import Slo
 from npusim.spec.system import load_system
 
@@ -32,6 +34,9 @@ def register(sub) -> None:
     p.add_argument("--mtp", default="0,1,3", help="MTP depths to try (published acceptances: 0, 1, 3)")
     p.add_argument("--workers", type=int, default=None, help="local processes (default: up to 2)")
     p.add_argument("--out", default="plan.yaml", help="where to write the recommended plan (default plan.yaml)")
+    p.add_argument("--emit", action="append", choices=frameworks(), default=[],
+                   help="also write the recommended deployment's launch commands for this serving framework beside "
+                        "the plan file (<plan>.<framework>.sh) and print them (repeatable)")
     load = p.add_mutually_exclusive_group()
     load.add_argument("--rate", type=float, help="also serve the frontier at this many requests/s (Poisson) and "
                                                  "recommend the cheapest plan that meets the SLO under it")
@@ -93,6 +98,9 @@ def run(args) -> None:
              "plan_file": str(written) if written else None, "commands": confirm}
     if traffic:
         extra.update(load=traffic.describe(), served=json.loads(served.to_json(orient="records")))
+    launches = _launches(args, result, written, overrides) if written else {}
+    if launches:
+        extra["launch"] = {name: {"file": str(path), **l.as_dict()} for name, (l, path) in launches.items()}
     if args.format != "table":
         common.emit(frame, args.format, extra=extra)
         return
@@ -130,3 +138,21 @@ def run(args) -> None:
         print(f"under the load: TTFT {pct} {v.ttft * 1e3:.0f} ms, TPOT {pct} {v.tpot * 1e3:.1f} ms (one request: "
               f"{c.ttft * 1e3:.0f} ms, {c.tpot * 1e3:.1f} ms)")
     print(f"written to {written}; confirm with:\n" + "\n".join(f"  {cmd}" for cmd in confirm))
+    for name, (emitted, path) in launches.items():
+        print(f"\n{emitted.framework.title} launch commands, written to {path}:\n")
+        print(emitted.script(), end="")
+
+
+def _launches(args, result, written, overrides) -> dict:
+    """Each --emit framework's launch commands of the written plan, with the plan's serving limits, and their file."""
+    out = {}
+    sc, c = result.scenario, result.recommended
+    setup = api.load_setup(sc.hw, sc.model, str(written), sc.quant, overrides)
+    sched = c.scheduler(sc)
+    limits = Limits(sc.input, sc.output, sched["max_batch"], 1, sched["token_budget"])
+    for name in dict.fromkeys(args.emit):
+        emitted = launch(name, setup.plan, setup.model, setup.quant, setup.system, limits)
+        path = written.with_name(f"{written.stem}.{name}.sh")
+        path.write_text(emitted.script())
+        out[name] = (emitted, path)
+    return out

@@ -10,6 +10,8 @@ import pandas as pd
 from npusim import api
 from npusim.cli import common
 from npusim.results.cost import CostParams, cost
+from npusim.results.launch import launch, limits_for
+from npusim.spec.framework import frameworks
 
 
 def register(sub) -> None:
@@ -28,9 +30,21 @@ def register(sub) -> None:
                                                        "checkpoint's own format)")
     p.add_argument("--top", type=int, default=12, help="rows of the per-op breakdown to print (table format)")
     p.add_argument("--trace", default=None, metavar="OUT.json", help="write a Chrome trace of one layer per type")
+    p.add_argument("--emit", choices=frameworks(), default=None,
+                   help="print the launch commands of this deployment for a serving framework instead of the figures "
+                        "(after predict accepts it; --format json adds them under 'launch')")
     common.add_set(p)
     common.add_format(p)
     p.set_defaults(run=run)
+
+
+def _launch(args):
+    """The launch commands of the predicted deployment, with the scenario's batch and lengths as serving limits."""
+    setup = api.load_setup(args.hw, args.model, args.plan, None if args.quant == "model" else args.quant,
+                           common.parse_overrides(args.overrides))
+    limits = limits_for(setup.plan, input=args.input, output=args.output, batch=args.batch,
+                        prefill_batch=args.prefill_batch)
+    return launch(args.emit, setup.plan, setup.model, setup.quant, setup.system, limits)
 
 
 def run(args) -> None:
@@ -41,8 +55,13 @@ def run(args) -> None:
     if args.trace:
         Path(args.trace).write_text(json.dumps(pred.chrome_trace()))
     price = cost(pred)
+    emitted = _launch(args) if args.emit else None
     if args.format == "json":
-        print(json.dumps({**json.loads(pred.to_json()), "cost": price.as_dict()}, indent=2))
+        extra = {"launch": emitted.as_dict()} if emitted else {}
+        print(json.dumps({**json.loads(pred.to_json()), "cost": price.as_dict(), **extra}, indent=2))
+        return
+    if emitted:
+        print(emitted.script(), end="")
         return
     if args.format == "csv":
         frame = pd.concat([pred.breakdown(p).assign(phase=p) for p in ("prefill", "decode")], ignore_index=True)
