@@ -8,6 +8,7 @@ import pytest
 
 from npusim import functional as F
 from npusim.functional.numerics import rnd
+from npusim.functional.rotary import DEEPSEEK_V32 as V32_HF  # models.md §1.1 values
 
 F8 = ml_dtypes.float8_e4m3fn
 
@@ -72,3 +73,62 @@ def test_fp8_lightning_indexer_quantises_q_and_k_as_act_quant():
     _, idx = F.lightning_indexer(q, kk, w, k, dtype="fp8", chip="950pr")
     ref = R.indexer_scores(qd, kd, w)
     assert topk_agrees(idx, ref, k, indexer_tolerance(qd, kd, w))
+
+
+
+
+def yarn_freqs(dim: int, theta: float, factor: float, orig: int, beta_fast: float, beta_slow: float) -> np.ndarray:
+    """precompute_freqs_cis in float64 from its formulas."""
+    base = theta ** (-np.arange(0, dim, 2) / dim)
+    corr = [dim * np.log(orig / (2 * np.pi * r)) / (2 * np.log(theta)) for r in (beta_fast, beta_slow)]
+    low, high = max(int(np.floor(corr[0])), 0), min(int(np.ceil(corr[1])), dim - 1)
+    keep = 1 - np.clip((np.arange(dim // 2) - low) / (high - low), 0, 1)
+    return base / factor * (1 - keep) + base * keep
+
+
+def test_rope_yarn_frequencies_from_the_model_config():
+    """Rotary.from_config(HF config) gives precompute_freqs_cis's frequencies (V3.2: theta 1e4, factor 40 over 4096;
+    V4 compressed layers: compress_rope_theta 160000, factor 16 over 65536); below the original context no YaRN."""
+    from npusim.functional.rotary import Rotary
+
+    v32 = Rotary.from_config(V32_HF)
+    assert np.allclose(v32.freqs(64), yarn_freqs(64, 1e4, 40, 4096, 32, 1), rtol=2e-6, atol=0)
+    v4 = Rotary.from_config({"compress_rope_theta": 160000, "max_position_embeddings": 1048576,
+                             "rope_scaling": {"factor": 16, "original_max_position_embeddings": 65536,
+                                              "beta_fast": 32, "beta_slow": 1}}, "compress_rope_theta")
+    assert np.allclose(v4.freqs(64), yarn_freqs(64, 160000, 16, 65536, 32, 1), rtol=2e-6, atol=0)
+    short = Rotary.from_config(V32_HF | {"max_position_embeddings": 4096})
+    assert np.allclose(short.freqs(64), 1e4 ** (-np.arange(0, 64, 2) / 64), rtol=2e-6)
+    assert not np.allclose(v32.freqs(64), short.freqs(64), rtol=1e-3)
+
+
+def test_rope_layouts_and_tables_as_each_module_applies_them():
+    """MLA / V4 / Compressor: interleaved pairs (2i, 2i+1); the V3.2 indexer after the fix: halves (i, i + 32) of
+    its first 64 dims. Both at the model's YaRN angles, and with a given cos / sin table, within bf16 rounding of the
+    float64 rotation written out pair by pair."""
+    from npusim.functional.rotary import Rotary
+
+    rng = np.random.default_rng(3)
+    x, pos = rnd(rng.standard_normal((5, 3, 64)), "bf16"), rng.integers(0, 4096, 5)
+    ang = pos[:, None] * yarn_freqs(64, 1e4, 40, 4096, 32, 1)[None]
+    c, s = np.cos(ang)[:, None], np.sin(ang)[:, None]
+    a, b = x[..., 0::2], x[..., 1::2]
+    inter = np.stack([a * c - b * s, a * s + b * c], -1).reshape(x.shape)
+    h, g = x[..., :32], x[..., 32:]
+    half = np.concatenate([h * c - g * s, h * s + g * c], -1)
+    tol = 2.0 ** -8 * np.abs(x).max()
+    v32 = Rotary.from_config(V32_HF)
+    assert np.abs(F.rope(x, pos, rotary=v32) - inter).max() <= tol
+    assert np.abs(F.rope(x, pos, rotary=v32, interleaved=False) - half).max() <= tol
+    assert np.abs(F.rope(x, pos, cos=np.cos(ang), sin=np.sin(ang)) - inter).max() <= tol
+    assert np.abs(F.rope(x, pos) - inter).max() > 10 * tol  # theta alone is not the model's table
+
+
+def test_absorbed_mla_softmax_scale_from_the_model_config():
+    """MLA.__init__: 192^-0.5 * mscale^2, mscale = 0.1 ln(40) + 1 under YaRN (models.md §1.1: ~0.13523), not the
+    576-dim query's 576^-0.5; without YaRN (context within 4096) plain 192^-0.5."""
+    from npusim.functional.rotary import mla_softmax_scale
+
+    assert mla_softmax_scale(V32_HF) == pytest.approx(192 ** -0.5 * (0.1 * np.log(40) + 1) ** 2, rel=1e-12)
+    assert mla_softmax_scale(V32_HF) == pytest.approx(0.13523, abs=1e-5)
+    assert mla_softmax_scale(V32_HF | {"max_position_embeddings": 4096}) == pytest.approx(192 ** -0.5)

@@ -128,7 +128,8 @@ def sparse_mla_attention(q: np.ndarray, kv: np.ndarray, indices: np.ndarray, sca
                          **tiles: int) -> np.ndarray:
     """Absorbed MLA over each token's selected rows (models.md §1.4): q [T, H, 576], kv [S, 576] (K = kv,
     V = kv[:, :d_v]), indices [T, k] into kv (-1 = none) -> [T, H, d_v]. Queries are the last T positions; with
-    `causal`, selected keys after the query are dropped too."""
+    `causal`, selected keys after the query are dropped too. DeepSeek's scale is the MLA head's, not the 576-dim
+    query's: `npusim.functional.rotary.mla_softmax_scale(config)` (V3.2: 192^-0.5 mscale^2 ~ 0.1352)."""
     from npusim.kernels.attention import SparseFlashAttention
 
     T, H, D = q.shape

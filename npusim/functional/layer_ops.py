@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from npusim.functional.numerics import rnd
+from npusim.functional.rotary import Rotary
 from npusim.kernels import projection, vector
 from npusim.spec.chip import Chip
 
@@ -50,12 +51,16 @@ def mhc_post(x: np.ndarray, f: np.ndarray, post: np.ndarray, res: np.ndarray,
 
 
 def rope(x: np.ndarray, positions: np.ndarray, theta: float = 10000.0, interleaved: bool = True,
-         chip: str | Chip = "910b2", head_loop: int = 0) -> np.ndarray:
-    """x [T, H, D] rotated by position: pairs (2i, 2i+1) when interleaved (MLA) else (i, i + D/2) (V3.2 indexer);
-    `head_loop` 1: through aclnnRotaryPositionEmbedding's cut (a copy per head)."""
+         chip: str | Chip = "910b2", head_loop: int = 0, rotary: Rotary | None = None,
+         cos: np.ndarray | None = None, sin: np.ndarray | None = None) -> np.ndarray:
+    """x [T, H, D] rotated by position: pairs (2i, 2i+1) when interleaved (MLA, the V4 attention and Compressor)
+    else (i, i + D/2) (the V3.2 indexer after the 2025-11-17 fix); pass the rotated dims only (MLA: the last 64,
+    V3.2 indexer: the first 64). Angles: a model's `rotary` table (YaRN, fp32 as the reference), else theta alone,
+    or a given cos / sin table [T, D/2]. `head_loop` 1: through aclnnRotaryPositionEmbedding's cut (a copy per head)."""
     T, H, D = x.shape
-    ang = np.asarray(positions, float)[:, None] * theta ** (-np.arange(0, D, 2) / D)[None]
-    t = {"x": rnd(x.reshape(T * H, D), "bf16"), "cos": rnd(np.cos(ang), "fp32"), "sin": rnd(np.sin(ang), "fp32"),
+    if cos is None or sin is None:
+        cos, sin = (rotary or Rotary(theta)).table(positions, D)
+    t = {"x": rnd(x.reshape(T * H, D), "bf16"), "cos": rnd(cos, "fp32"), "sin": rnd(sin, "fp32"),
          "out": np.zeros((T * H, D))}
     kern = vector.Rope(T, H, D, "interleaved" if interleaved else "half", head_loop=head_loop)
     return _run(kern, t, chip)["out"].reshape(T, H, D)

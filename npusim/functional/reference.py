@@ -145,10 +145,12 @@ def mhc_post(x, f, post, res):
     return post[:, :, None] * np.asarray(f, np.float64)[:, None] + np.einsum("tjk,tjd->tkd", res, x)
 
 
-def rope(x, positions, theta: float = 10000.0, interleaved: bool = True):
+def rope(x, positions, theta: float = 10000.0, interleaved: bool = True, freqs=None):
+    """x [T, H, D] rotated by angle p_t * f_i per pair i (f_i = theta^(-2i/D) unless `freqs` [D/2] are given)."""
     x = np.asarray(x, np.float64)
     D = x.shape[-1]
-    ang = np.asarray(positions, float)[:, None, None] * theta ** (-np.arange(0, D, 2) / D)
+    f = theta ** (-np.arange(0, D, 2) / D) if freqs is None else np.asarray(freqs, np.float64)
+    ang = np.asarray(positions, float)[:, None, None] * f
     c, s = np.cos(ang), np.sin(ang)
     if interleaved:
         a, b = x[..., 0::2], x[..., 1::2]

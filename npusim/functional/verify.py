@@ -10,6 +10,7 @@ import numpy as np
 from npusim import functional as F
 from npusim.functional import reference as R
 from npusim.functional.numerics import INDEX_QUANT, quantize, rnd
+from npusim.functional.rotary import DEEPSEEK_V32, mla_softmax_scale
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def verify_sparse_flash_attention(shape: dict, rng: np.random.Generator) -> list
     t, s, h, k = (shape.get(x, v) for x, v in (("tokens", 4), ("keys", 900), ("heads", 128), ("topk", 600)))
     d, dv = shape.get("d_qk", 576), shape.get("d_v", 512)
     q, kv = rng.standard_normal((t, h, d)), rng.standard_normal((s, d))
-    idx, scale = _selection(rng, t, s, k), d ** -0.5
+    idx, scale = _selection(rng, t, s, k), mla_softmax_scale(DEEPSEEK_V32)  # 192^-0.5 mscale^2, not 576^-0.5
     out = F.sparse_mla_attention(q, kv, idx, scale, dv)
     return [_err("bf16", out, R.sparse_mla_attention(rnd(q, "bf16"), rnd(kv, "bf16"), idx, scale, dv))]
 
@@ -212,10 +213,17 @@ def verify_compressor(shape: dict, rng: np.random.Generator) -> list[Error]:
 
 
 def verify_rope(shape: dict, rng: np.random.Generator) -> list[Error]:
+    """Plain theta and the V3.2 YaRN table (factor 40 over 4096, models.md §1.1), both layouts, against the float64
+    rotation at float64 angles: positions up to 4096 (the fp32 angle table the reference builds adds ~p 2^-24 rad)."""
+    from npusim.functional.rotary import Rotary
+
     t, h, d = shape.get("tokens", 7), shape.get("heads", 4), shape.get("dim", 64)
-    x, pos = rng.standard_normal((t, h, d)), rng.integers(0, 100000, t)
-    return [_err(f"{'interleaved' if il else 'half'} bf16", F.rope(x, pos, interleaved=il),
-                 R.rope(rnd(x, "bf16"), pos, interleaved=il)) for il in (True, False)]
+    x, pos = rng.standard_normal((t, h, d)), rng.integers(0, 4096, t)
+    yarn = Rotary(10000.0, 40.0, 4096, 32, 1, 1.0, 163840)
+    out = [_err(f"{'interleaved' if il else 'half'} bf16", F.rope(x, pos, interleaved=il),
+                R.rope(rnd(x, "bf16"), pos, interleaved=il)) for il in (True, False)]
+    return out + [_err("yarn interleaved bf16", F.rope(x, pos, rotary=yarn),
+                       R.rope(rnd(x, "bf16"), pos, freqs=yarn.freqs(d)))]
 
 
 def verify_quantise(shape: dict, rng: np.random.Generator) -> list[Error]:
