@@ -132,3 +132,43 @@ def test_absorbed_mla_softmax_scale_from_the_model_config():
     assert mla_softmax_scale(V32_HF) == pytest.approx(192 ** -0.5 * (0.1 * np.log(40) + 1) ** 2, rel=1e-12)
     assert mla_softmax_scale(V32_HF) == pytest.approx(0.13523, abs=1e-5)
     assert mla_softmax_scale(V32_HF | {"max_position_embeddings": 4096}) == pytest.approx(192 ** -0.5)
+
+
+def masked_attention(q, kv, keep, scale, d_v, sink=None):
+    """MLA.forward's sparse path in float64: scores over every key, -inf outside the scatter mask `keep` [T, S],
+    softmax (a per-head sink joins the denominator only, V4's sparse_attn), times V = kv[:, :d_v]."""
+    x = np.einsum("thd,sd->ths", q, kv) * scale
+    x = np.where(keep[:, None], x, -np.inf)
+    m = x.max(-1, keepdims=True)
+    if sink is not None:
+        m = np.maximum(m, sink[None, :, None])
+    p = np.exp(x - m)
+    den = p.sum(-1, keepdims=True) + (np.exp(sink[None, :, None] - m) if sink is not None else 0)
+    return np.einsum("ths,sd->thd", p / den, kv[:, :d_v])
+
+
+def test_sparse_mla_index_rows_mean_a_set_with_minus_one_padding():
+    """DeepSeek's index_mask = full(-inf).scatter_(indices, 0): a row is a set of keys, -1 pads (here spread through
+    the row). The traced SFA equals the masked float64 softmax; a repeated key or one past the cache is refused with
+    a sentence naming it."""
+    from npusim.errors import NpusimError
+    from npusim.functional.rotary import mla_softmax_scale
+
+    rng = np.random.default_rng(4)
+    t, s, h, k = 3, 200, 16, 64
+    q, kv = rnd(rng.standard_normal((t, h, 576)), "bf16"), rnd(rng.standard_normal((s, 576)), "bf16")
+    idx = np.stack([rng.permutation(s - t + i + 1)[:k] for i in range(t)])
+    idx[:, ::5] = -1
+    keep = np.zeros((t, s), bool)
+    for i, row in enumerate(idx):
+        keep[i, row[row >= 0]] = True
+    scale = mla_softmax_scale(V32_HF)
+    got = F.sparse_mla_attention(q, kv, idx, scale)
+    ref = masked_attention(q, kv, keep, scale, 512)
+    assert np.abs(got - ref).max() <= 2.0 ** -8 * np.abs(ref).max()
+    dup = idx.copy()
+    dup[0, 1] = dup[0, 2] = 7
+    with pytest.raises(NpusimError, match="selects key 7 twice"):
+        F.sparse_mla_attention(q, kv, dup, scale)
+    with pytest.raises(NpusimError, match="outside the 200 rows"):
+        F.sparse_mla_attention(q, kv, np.where(idx == idx.max(), s, idx), scale)

@@ -11,6 +11,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from npusim.errors import NpusimError
 from npusim.functional.executor import execute
 from npusim.functional.numerics import INDEX_QUANT, quantize, rnd
 from npusim.spec.chip import Chip, load_chip
@@ -19,6 +20,28 @@ from npusim.spec.chip import Chip, load_chip
 @lru_cache(maxsize=8)
 def _chip(name: str) -> Chip:
     return load_chip(name)
+
+
+def check_indices(indices: np.ndarray, rows: int, op: str) -> np.ndarray:
+    """Sparse-attention index rows as DeepSeek's reference means them: entries in [0, rows) select a key, -1 pads;
+    a key repeated in a row is refused (the reference builds its mask with a scatter, so a repeat counts once, while
+    a gather would count it twice)."""
+    idx = np.asarray(indices)
+    if idx.ndim != 2 or not np.issubdtype(idx.dtype, np.integer):
+        raise NpusimError(f"{op}: indices must be an integer array [tokens, k], got {idx.dtype} {idx.shape}",
+                          field="indices")
+    bad = (idx < -1) | (idx >= rows)
+    if bad.any():
+        t, j = map(int, np.argwhere(bad)[0])
+        raise NpusimError(f"{op}: indices[{t}, {j}] = {idx[t, j]} is outside the {rows} rows (-1 pads a row)",
+                          field="indices")
+    srt = np.sort(idx, 1)
+    rep = (srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)
+    if rep.any():
+        t, j = map(int, np.argwhere(rep)[0])
+        raise NpusimError(f"{op}: indices row {t} selects key {srt[t, j + 1]} twice; each key may appear once per "
+                          "row (DeepSeek's scatter mask counts it once), pad with -1", field="indices")
+    return idx
 
 
 def run(kernel, tensors: dict[str, np.ndarray], chip: str | Chip = "910b2") -> dict[str, np.ndarray]:
@@ -133,6 +156,7 @@ def sparse_mla_attention(q: np.ndarray, kv: np.ndarray, indices: np.ndarray, sca
     from npusim.kernels.attention import SparseFlashAttention
 
     T, H, D = q.shape
+    indices = check_indices(indices, kv.shape[0], "sparse_mla_attention")
     S, k = kv.shape[0], indices.shape[1]
     kern = SparseFlashAttention(T, S, H, D, d_v, k, causal=int(causal), dtype=dtype, scale=scale, **tiles)
     out = run(kern, {"q": rnd(q.reshape(T * H, D), dtype), "kv": rnd(kv, dtype), "indices": indices,
@@ -178,7 +202,8 @@ def v4_attention(q: np.ndarray, kv: np.ndarray, sink: np.ndarray, scale: float, 
             ent = np.arange(n)[None].repeat(T, 0)
             ent = np.where(ent < ((pos + 1) // ratio)[:, None], ent, -1)
         else:
-            ent, topk = np.asarray(cmp_indices), cmp_indices.shape[1]
+            ent = check_indices(cmp_indices, S // ratio, "v4_attention")
+            topk = ent.shape[1]
         idx.append(np.where(ent >= 0, ent + S, -1))
     rows = np.concatenate([kv, ckv[:S // ratio]]) if ratio else kv
     kern = V4Attention(T, S, H, D, window, ratio, topk, dtype=dtype, scale=scale, **tiles)
