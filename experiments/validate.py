@@ -138,7 +138,7 @@ def evaluate(row: Row) -> dict:
     except Exception as exc:  # a bug must show in the table, not hide the other rows
         traceback.print_exc(file=sys.stderr)
         return out | {"predicted_ms": float("nan"), "error_%": float("nan"), "note": f"crash: {exc!r}"}
-    value = {"ttft": p.ttft, "prefill": p.prefill.time, "tpot": p.tpot}[row.metric]
+    value = p.tpot if row.metric == "tpot" else p.ttft if row.metric == "ttft" else p.prefill.time
     err = 100 * (value - row.published) / row.published
     note = ("met" if value <= row.published else "missed") if row.kind == "bound" else ""
     return out | {"predicted_ms": value * 1e3, "error_%": err, "note": note}

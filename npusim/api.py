@@ -68,7 +68,8 @@ def predict(hw: str = DEFAULT["hw"], model: str = DEFAULT["model"], plan: str = 
             prefill_batch: int = 1, context: int | None = None, quant: str | None = DEFAULT["quant"],
             overrides: dict[str, str] | None = None) -> Prediction:
     """TTFT of `prefill_batch` prompts of `input` tokens, and TPOT of a decode step of the global `batch` at
-    `context` (default: input + output / 2, the mean context while generating)."""
+    `context` (default: input + output / 2, the mean context while generating). A decode-only plan (no prefill
+    instance, not colocated) has no TTFT: the prediction's prefill figures are None and its notes say why."""
     for name, value in (("--input", input), ("--output", output), ("--batch", batch),
                         ("--prefill-batch", prefill_batch)):
         if value < 1:
@@ -79,7 +80,8 @@ def predict(hw: str = DEFAULT["hw"], model: str = DEFAULT["model"], plan: str = 
     if ctx < 1:
         raise NpusimError(f"must be a positive whole number, got {ctx}", field="--context")
     steps, mems = {}, {}
-    for phase, b, length in (("prefill", prefill_batch, input), ("decode", batch, ctx)):
+    phases = (("prefill", prefill_batch, input),) if pl.runs_prefill else ()
+    for phase, b, length in phases + (("decode", batch, ctx),):
         chunks = _chunks(length, pl.prefill_chunk if phase == "prefill" else 0)
         timed = []
         for cached, size in chunks:
@@ -90,26 +92,31 @@ def predict(hw: str = DEFAULT["hw"], model: str = DEFAULT["model"], plan: str = 
             mems[phase] = mem if phase not in mems or mem.total > mems[phase].total else mems[phase]
         steps[phase] = timed[0] if len(timed) == 1 else chained(timed)
     dies = system.chip_spec.dies
-    pre, dec = pl.instance("prefill"), pl.instance("decode")
-    prefill_chips = pre.ranks * pre.instances / dies
+    dec = pl.instance("decode")
     decode_chips = dec.ranks * dec.instances / dies
     transfer = kv_transfer(cfg, pl, system, scheme, input) if pl.disaggregated else 0.0
     accepted = 1.0 + pl.mtp.acceptance
     tpot = steps["decode"].time / accepted
     chip = system.chip_spec
     energy = {p: step_energy(steps[p], chip) for p in steps} if chip.energy else {}
+    joules = {"decode": energy["decode"].joules * dec.ranks * dec.instances / (batch * accepted)} if energy else {}
+    prefill = {"prefill": None, "ttft": None, "prefill_chips": 0.0, "prefill_tokens_per_s_per_chip": None,
+               "notes": (f"no TTFT: plan {pl.name} has no prefill instance (decode only; give it a prefill instance, "
+                         "or colocated: true if its instance also prefills)",)}
+    if "prefill" in steps:
+        pre = pl.instance("prefill")
+        prefill_chips = pre.ranks * pre.instances / dies
+        prefill = {"prefill": steps["prefill"], "ttft": steps["prefill"].time + transfer,
+                   "prefill_chips": prefill_chips,
+                   "prefill_tokens_per_s_per_chip": prefill_batch * input / steps["prefill"].time / prefill_chips}
+        if energy:
+            joules["prefill"] = energy["prefill"].joules * pre.ranks / (prefill_batch * input)
     return Prediction(
         system=system.name, model=cfg.name, plan=pl.name, quant=scheme.name,
         scenario={"input": input, "output": output, "batch": batch, "prefill_batch": prefill_batch, "context": ctx},
-        prefill=steps["prefill"], decode=steps["decode"], kv_transfer=transfer,
-        ttft=steps["prefill"].time + transfer, tpot=tpot, decode_step=steps["decode"].time,
-        prefill_chips=prefill_chips, decode_chips=decode_chips, memory=mems,
-        tokens_per_s_per_chip=batch / tpot / decode_chips,
-        prefill_tokens_per_s_per_chip=prefill_batch * input / steps["prefill"].time / prefill_chips,
-        overrides=dict(overrides or {}), energy=energy,
-        joules_per_token={"prefill": energy["prefill"].joules * pre.ranks / (prefill_batch * input),
-                          "decode": energy["decode"].joules * dec.ranks * dec.instances / (batch * accepted)}
-        if energy else {})
+        decode=steps["decode"], kv_transfer=transfer, tpot=tpot, decode_step=steps["decode"].time,
+        decode_chips=decode_chips, memory=mems, tokens_per_s_per_chip=batch / tpot / decode_chips,
+        overrides=dict(overrides or {}), energy=energy, joules_per_token=joules, **prefill)
 
 
 def _chunks(length: int, chunk: int) -> list[tuple[int, int]]:

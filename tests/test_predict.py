@@ -9,14 +9,16 @@ from hypothesis import strategies as st
 from npusim import api
 from npusim.errors import NpusimError
 
-# A small, fast deployment: V3.1-shaped R1 decode on CloudMatrix384 (no indexer kernels needed).
+# A small, fast deployment: V3.1-shaped R1 decode on CloudMatrix384 (no indexer kernels needed), its one instance
+# also prefilling (co-located) so that TTFT is predicted too.
 SMALL = dict(hw="cloudmatrix384", model="deepseek-v3.1", plan="r1-a3-decode-a16", input=4096, output=256,
              batch=1024, quant="w8a8c8")
+COLOCATED = {"plan.colocated": "true"}
 
 
 @pytest.fixture(scope="module")
 def small():
-    return api.predict(**SMALL)
+    return api.predict(**SMALL, overrides=COLOCATED)
 
 
 def test_prediction_is_consistent(small):
@@ -33,7 +35,7 @@ def test_prediction_is_consistent(small):
 
 
 def test_identical_inputs_give_identical_outputs(small):
-    assert api.predict(**SMALL).to_json() == small.to_json()
+    assert api.predict(**SMALL, overrides=COLOCATED).to_json() == small.to_json()
 
 
 @pytest.mark.parametrize("key,low,high", [
@@ -43,8 +45,8 @@ def test_identical_inputs_give_identical_outputs(small):
     ("clock", "1.2GHz", "1.85GHz"),
 ])
 def test_more_hardware_is_never_slower(key, low, high):
-    slow = api.predict(**SMALL, overrides={key: low})
-    fast = api.predict(**SMALL, overrides={key: high})
+    slow = api.predict(**SMALL, overrides={key: low, **COLOCATED})
+    fast = api.predict(**SMALL, overrides={key: high, **COLOCATED})
     assert fast.tpot <= slow.tpot * (1 + 1e-9)
     assert fast.ttft <= slow.ttft * (1 + 1e-9)
 

@@ -25,6 +25,7 @@ from npusim.serving import ClosedLoop, Fixed, Slo, simulate
 from npusim.serving.predicted import ServedPlan, kv_link, mtp_from_plan
 
 SMALL = dict(hw="cloudmatrix384", model="deepseek-v3.1", plan="r1-a3-decode-a16", quant="w8a8c8")  # co-located
+COLOCATED = {"plan.colocated": "true"}  # serve runs a one-instance plan co-located; predict times its TTFT so
 PD = dict(hw="cloudmatrix384", model="deepseek-v3.2-exp", plan="v32-a3-pd-a17", quant="bf16")  # disaggregated
 SMALL_ARGS = ("--hw", "cloudmatrix384", "--model", "deepseek-v3.1", "--plan", "r1-a3-decode-a16", "--quant", "w8a8c8",
               "--input", "2048", "--output", "16")
@@ -41,7 +42,8 @@ def lone(config, input_tokens, output_tokens, overrides=None):
 @pytest.mark.parametrize("config", [SMALL, PD], ids=["co-located", "disaggregated"])
 def test_a_lone_request_takes_predicts_ttft_and_decode_step(config):
     r, ranks = lone(config, 2048, 2)
-    p = api.predict(**config, input=2048, output=2, batch=ranks, context=2049)
+    p = api.predict(**config, input=2048, output=2, batch=ranks, context=2049,
+                    overrides=COLOCATED if config is SMALL else None)
     assert r.ttft.tolist() == pytest.approx([p.ttft] * 2, rel=1e-12)
     assert r.tpot.tolist() == pytest.approx([p.decode_step] * 2, rel=1e-12)
     assert (p.kv_transfer > 0) == (config is PD)
@@ -128,7 +130,7 @@ def test_a_summary_meets_an_slo_at_a_percentile():
 def test_the_plans_prefill_chunk_chunks_a_lone_prompt_as_predict_does():
     chunked = {"plan.prefill_chunk": "512"}
     r, ranks = lone(SMALL, 2048, 2, chunked)
-    p = api.predict(**SMALL, input=2048, output=2, batch=ranks, context=2049, overrides=chunked)
+    p = api.predict(**SMALL, input=2048, output=2, batch=ranks, context=2049, overrides={**chunked, **COLOCATED})
     assert r.ttft.iloc[0] == pytest.approx(p.ttft, rel=1e-9)
 
 

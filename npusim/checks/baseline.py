@@ -20,7 +20,7 @@ METRICS = {  # recorded name -> how it is read from a prediction
     "ttft_s": lambda p: p.ttft,
     "tpot_s": lambda p: p.tpot,
     "tokens_per_s_per_chip": lambda p: p.tokens_per_s_per_chip,
-    "prefill_memory_gib": lambda p: p.memory["prefill"].total / 2**30,
+    "prefill_memory_gib": lambda p: p.memory["prefill"].total / 2**30 if "prefill" in p.memory else None,
     "decode_memory_gib": lambda p: p.memory["decode"].total / 2**30,
 }
 DEFAULT_TOLERANCE = 1e-3  # relative; predictions are deterministic, so any real change shows
@@ -133,7 +133,9 @@ def check(baseline: Baseline, overrides: dict[str, str] | None = None) -> tuple[
             rows.append(Comparison(s.name, "prediction", float("nan"), float("nan"), 0.0, f"error: {exc}"))
             updated.append(s)
             continue
-        new = {m: float(METRICS[m](p)) for m in METRICS}
+        new = {m: float(v) for m in METRICS if (v := METRICS[m](p)) is not None}  # decode-only: no prefill metrics
+        for m in s.expect.keys() - new.keys():
+            rows.append(Comparison(s.name, m, s.expect[m], float("nan"), 0.0, "gone: " + "; ".join(p.notes)))
         for m, value in new.items():
             if m in s.expect:
                 tol = s.tolerance.get(m, baseline.tolerance.get(m, DEFAULT_TOLERANCE))

@@ -98,7 +98,8 @@ def compare(measured: list[Measured], overrides: dict[str, str] | None = None) -
         except NpusimError as exc:
             rows.append({**row, "error": str(exc)})
             continue
-        rows.append({**row, "ttft_ms_predicted": p.ttft * 1e3, "tpot_ms_predicted": p.tpot * 1e3,
-                     "ttft_error_%": 100 * (p.ttft / m.ttft - 1), "tpot_error_%": 100 * (p.tpot / m.tpot - 1),
-                     "error": ""})
+        ttft = p.ttft if p.ttft is not None else math.nan  # a decode-only plan predicts no TTFT
+        rows.append({**row, "ttft_ms_predicted": ttft * 1e3, "tpot_ms_predicted": p.tpot * 1e3,
+                     "ttft_error_%": 100 * (ttft / m.ttft - 1), "tpot_error_%": 100 * (p.tpot / m.tpot - 1),
+                     "error": "", **({"note": "; ".join(p.notes)} if p.notes else {})})
     return pd.DataFrame(rows)

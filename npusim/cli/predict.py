@@ -64,26 +64,29 @@ def run(args) -> None:
         print(emitted.script(), end="")
         return
     if args.format == "csv":
-        frame = pd.concat([pred.breakdown(p).assign(phase=p) for p in ("prefill", "decode")], ignore_index=True)
+        frame = pd.concat([pred.breakdown(p).assign(phase=p) for p in pred.phases], ignore_index=True)
         common.emit(frame, "csv")
         return
     s = pred.scenario
     print(f"{pred.model} on {pred.system}, plan {pred.plan}, {pred.quant}: input {s['input']}, output {s['output']}, "
           f"decode batch {s['batch']} at context {s['context']}, prefill batch {s['prefill_batch']}")
-    print(f"TTFT  {pred.ttft * 1e3:10.1f} ms   (prefill {pred.prefill.time * 1e3:.1f} ms"
-          f" + KV transfer {pred.kv_transfer * 1e3:.1f} ms, {pred.prefill_chips:g} chips)")
+    if pred.prefill is None:
+        print("TTFT        none   (" + "; ".join(pred.notes) + ")")
+    else:
+        print(f"TTFT  {pred.ttft * 1e3:10.1f} ms   (prefill {pred.prefill.time * 1e3:.1f} ms"
+              f" + KV transfer {pred.kv_transfer * 1e3:.1f} ms, {pred.prefill_chips:g} chips)")
     print(f"TPOT  {pred.tpot * 1e3:10.2f} ms   (decode step {pred.decode_step * 1e3:.2f} ms, {pred.decode_chips:g} chips)")
-    print(f"decode {pred.tokens_per_s_per_chip:10.1f} tokens/s per chip; prefill "
-          f"{pred.prefill_tokens_per_s_per_chip:.1f} tokens/s per chip")
+    print(f"decode {pred.tokens_per_s_per_chip:10.1f} tokens/s per chip" + (
+        f"; prefill {pred.prefill_tokens_per_s_per_chip:.1f} tokens/s per chip" if pred.prefill else ""))
     if pred.energy:
         print("energy " + "; ".join(f"{p} {pred.joules_per_token[p]:.3g} J/token, {pred.tflops_per_watt(p):.3g} "
-                                    f"TFLOPS/W, {pred.energy[p].watts:.0f} W per rank" for p in ("prefill", "decode")))
-    print(f"cost   decode ${price.decode_usd_per_mtok:.3g} per million output tokens, prefill "
-          f"${price.prefill_usd_per_mtok:.3g} per million prompt tokens ({CostParams().describe()}); "
-          f"system {price.decode_system_joules_per_token:.3g} J per output token")
+                                    f"TFLOPS/W, {pred.energy[p].watts:.0f} W per rank" for p in pred.phases))
+    prefill_cost = (f", prefill ${price.prefill_usd_per_mtok:.3g} per million prompt tokens" if pred.prefill else "")
+    print(f"cost   decode ${price.decode_usd_per_mtok:.3g} per million output tokens{prefill_cost} "
+          f"({CostParams().describe()}); system {price.decode_system_joules_per_token:.3g} J per output token")
     print()
     common.emit(pred.phase_table().round(2), "table", title="per phase (time per step; memory per rank)")
-    for phase in ("prefill", "decode"):
+    for phase in pred.phases:
         frame = pred.breakdown(phase).sort_values("total_ms", ascending=False).head(args.top).round(2)
         print()
         common.emit(frame, "table", title=f"{phase}: top {args.top} ops and collectives by total time")

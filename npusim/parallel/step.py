@@ -1,7 +1,8 @@
 """One step of one rank as a timeline: each layer type's kernels and collectives on streams, simulated once and
 repeated over its identical layers.
 
-Streams: `compute` runs the kernels in graph order; `comm` runs the collectives (on `compute` when the plan turns
+The streams and schedule are the phase's own (`prefill.streams` / `decode.streams` over the plan-level `streams`):
+a prefill with two microbatches does not impose them on decode. Streams: `compute` runs the kernels in graph order; `comm` runs the collectives (on `compute` when the plan turns
 communication overlap off); `side` runs the shared expert when the plan puts it on a side stream. A kernel that
 consumes a collective's output waits for it; with two microbatches each layer runs twice at half the tokens,
 interleaved so that one microbatch's collectives overlap the other's kernels.
@@ -22,7 +23,7 @@ from npusim.parallel.collectives import Collective, CommResult, collective_time
 from npusim.parallel.fusion import Placement, placements, unfused_topk
 from npusim.parallel.optime import ATTENTION, Activity, OpRun, OpTime, kernel_name, op_time
 from npusim.parallel.shard import SIDE_STREAM_OPS, RankLayer, RankStep, scale_op
-from npusim.spec.plan import Plan
+from npusim.spec.plan import Plan, Streams
 from npusim.spec.system import System
 
 
@@ -123,26 +124,28 @@ class Partition:
         return ("attn", self.attn_cores) if index < self.split else ("ffn", self.total - self.attn_cores)
 
 
-def _partition(names: list[str], plan: Plan, total: int) -> Partition:
-    n = plan.streams.attention_cores
+def _partition(names: list[str], streams: Streams, total: int) -> Partition:
+    n = streams.attention_cores
     if not n or "ffn_norm" not in names:
         return Partition(len(names), 0, total)
     return Partition(names.index("ffn_norm"), n, total)
 
 
-def layer_time(layer: RankLayer, plan: Plan, system: System) -> LayerTime:
+def layer_time(layer: RankLayer, plan: Plan, system: System, streams: Streams | None = None) -> LayerTime:
+    """One layer on the phase's `streams` (None: the plan-level ones)."""
     chip = system.chip_spec
-    launch = "graph" if plan.streams.graph_mode else "eager"
-    micro = 2 if plan.streams.two_microbatch else 1
+    streams = streams or plan.streams
+    launch = "graph" if streams.graph_mode else "eager"
+    micro = 2 if streams.two_microbatch else 1
     layer = _with_topk(layer, plan)
     parts = [_halve(layer)] * micro if micro == 2 else [layer]
-    comm_stream = "comm" if plan.streams.comm_overlap else "compute"
+    comm_stream = "comm" if streams.comm_overlap else "compute"
     tasks: list[Task] = []
     op_times: list[OpTime] = []
     comm_times: list[tuple[str, CommResult]] = []
     names = [o.name for o in layer.ops]
     fused = placements(names, plan.fusion)
-    cores = _partition(names, plan, chip.aic.count)
+    cores = _partition(names, streams, chip.aic.count)
     # two microbatches over repeated layers: a second copy of the layer shows the steady state, where one
     # microbatch's tail (MoE) overlaps the next layer's head (attention) of the other
     copies = 2 if micro > 1 and layer.repeat > 1 else 1
@@ -162,7 +165,7 @@ def layer_time(layer: RankLayer, plan: Plan, system: System) -> LayerTime:
                                         place.input_on_chip, place.output_on_chip))
             if mb == 0 and copy == 0:
                 op_times.append(t)
-            side = plan.streams.shared_expert_side_stream and op.name in SIDE_STREAM_OPS
+            side = streams.shared_expert_side_stream and op.name in SIDE_STREAM_OPS
             stream = "side" if side else stream
             after = list(feeds.get(op.name, ()))
             if prev_compute and not side:
@@ -232,7 +235,8 @@ def _segment(task: Task, tasks: list[Task]) -> int:
 
 
 def step_time(step: RankStep, plan: Plan, system: System) -> StepTime:
-    layers = tuple(layer_time(layer, plan, system) for layer in step.layers)
+    streams = plan.streams_of(step.phase)
+    layers = tuple(layer_time(layer, plan, system, streams) for layer in step.layers)
     pp = step.instance.pp
     body = sum(lt.time * lt.repeat for lt in layers)
     if pp > 1:  # GPipe-style fill and drain over the plan's microbatches

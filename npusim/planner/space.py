@@ -66,13 +66,13 @@ class Layout:
 
 
 def plan_document(prefill: Layout | None, decode: Layout | None, description: str = "") -> dict:
-    """A plan file (the format `npusim predict --plan` reads) for a prefill and/or a decode layout."""
+    """A plan file (the format `npusim predict --plan` reads) for a prefill and/or a decode layout. The streams
+    both phases share are plan-level; each role's schedule (two microbatches) is its own."""
     doc: dict = {"description": description} if description else {}
     for role, layout in (("prefill", prefill), ("decode", decode)):
         if layout is not None:
-            doc[role] = layout.instance()
-    two_mb = any(x is not None and x.two_microbatch for x in (prefill, decode))
-    doc["streams"] = {"shared_expert_side_stream": True, "comm_overlap": True, "two_microbatch": two_mb}
+            doc[role] = layout.instance() | {"streams": {"two_microbatch": layout.two_microbatch}}
+    doc["streams"] = {"shared_expert_side_stream": True, "comm_overlap": True}
     depth = decode.mtp_depth if decode is not None else 0
     if depth:
         doc["mtp"] = {"depth": depth, "acceptance": MTP_ACCEPTANCE[depth]}

@@ -5,6 +5,7 @@ what each switch buys)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import nan
 from pathlib import Path
 
 import pandas as pd
@@ -30,10 +31,11 @@ class Comparison:
         """One row per scenario: the metrics, and their change against the baseline (first row) in %."""
         rows = []
         for sc, p in zip(self.scenarios, self.predictions):
-            rows.append({"scenario": sc.title, "TTFT_ms": p.ttft * 1e3, "TPOT_ms": p.tpot * 1e3,
+            pre = p.prefill is not None  # a decode-only plan has no prefill figures
+            rows.append({"scenario": sc.title, "TTFT_ms": p.ttft * 1e3 if pre else nan, "TPOT_ms": p.tpot * 1e3,
                          "decode_tok_s_chip": p.tokens_per_s_per_chip,
-                         "prefill_tok_s_chip": p.prefill_tokens_per_s_per_chip,
-                         "prefill_mem_GiB": p.memory["prefill"].total / 2**30,
+                         "prefill_tok_s_chip": p.prefill_tokens_per_s_per_chip if pre else nan,
+                         "prefill_mem_GiB": p.memory["prefill"].total / 2**30 if pre else nan,
                          "decode_mem_GiB": p.memory["decode"].total / 2**30,
                          "prefill_J_tok": p.joules_per_token.get("prefill", float("nan")),
                          "decode_J_tok": p.joules_per_token.get("decode", float("nan")),
@@ -49,7 +51,7 @@ class Comparison:
     def steps(self, metric: str = "ttft") -> pd.DataFrame:
         """The waterfall's bars: each scenario's change of `metric` against the one before."""
         col, scale, _ = METRICS[metric]
-        values = [getattr(p, metric) * scale for p in self.predictions]
+        values = [(getattr(p, metric) if getattr(p, metric) is not None else nan) * scale for p in self.predictions]
         return pd.DataFrame({"scenario": [s.title for s in self.scenarios], col: values,
                              "delta": [0.0] + [b - a for a, b in zip(values, values[1:])]})
 

@@ -7,6 +7,8 @@ deployment choices, so they are named parameters here with stated defaults rathe
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import asdict, dataclass
 
 from npusim.api import split_overrides
@@ -67,8 +69,9 @@ def cost(pred: Prediction, params: CostParams = CostParams()) -> Cost:
     system = load_system(pred.system, split_overrides(pred.overrides)["hw"])
     per_s = chip_usd_per_second(system.power_per_chip, system.price_per_chip, params) / params.utilisation
     watts = system.power_per_chip * params.pue
+    prefill_rate = pred.prefill_tokens_per_s_per_chip or math.nan  # a decode-only plan: no prefill cost
     return Cost(usd_per_chip_hour=per_s * 3600,
                 decode_usd_per_mtok=per_s / pred.tokens_per_s_per_chip * 1e6,
-                prefill_usd_per_mtok=per_s / pred.prefill_tokens_per_s_per_chip * 1e6,
+                prefill_usd_per_mtok=per_s / prefill_rate * 1e6,
                 decode_system_joules_per_token=watts / pred.tokens_per_s_per_chip,
-                prefill_system_joules_per_token=watts / pred.prefill_tokens_per_s_per_chip)
+                prefill_system_joules_per_token=watts / prefill_rate)

@@ -19,20 +19,26 @@ class Prediction:
     plan: str
     quant: str
     scenario: dict[str, int]
-    prefill: StepTime
+    prefill: StepTime | None  # None: a decode-only plan runs no prefill (see notes)
     decode: StepTime
     kv_transfer: float  # prefill -> decode instance, per request (0 when co-located)
-    ttft: float
+    ttft: float | None  # None without a prefill
     tpot: float  # effective seconds per output token (MTP acceptance included, as published)
     decode_step: float
     prefill_chips: float
     decode_chips: float
-    memory: dict[str, Memory]  # per phase
+    memory: dict[str, Memory]  # per phase that runs
     tokens_per_s_per_chip: float  # decode output tokens/s per chip
-    prefill_tokens_per_s_per_chip: float
+    prefill_tokens_per_s_per_chip: float | None
     overrides: dict[str, str] = field(default_factory=dict)
     energy: dict[str, "StepEnergy"] = field(default_factory=dict)  # per phase, one rank's step (chip without energy: {})
     joules_per_token: dict[str, float] = field(default_factory=dict)  # per phase: prompt tokens / output tokens
+    notes: tuple[str, ...] = ()  # what the prediction does not report, and why
+
+    @property
+    def phases(self) -> tuple[str, ...]:
+        """The phases predicted: decode, and prefill unless the plan has none."""
+        return ("prefill", "decode") if self.prefill is not None else ("decode",)
 
     def tflops_per_watt(self, phase: str) -> float:
         return self.energy[phase].tflops_per_watt if phase in self.energy else float("nan")
@@ -54,7 +60,7 @@ class Prediction:
         """Per op and per collective: time per call, total over the repeated layers, share of the step."""
         step = self.prefill if phase == "prefill" else self.decode
         rows = []
-        for lt in step.layers:
+        for lt in step.layers if step is not None else ():
             for t in lt.ops:
                 rows.append({"layer": lt.name, "x": lt.repeat, "op": t.op, "kind": t.kind, "per_call_us": t.time * 1e6,
                              "total_ms": t.time * lt.repeat * 1e3, "bound": t.bound,
@@ -70,8 +76,8 @@ class Prediction:
 
     def phase_table(self) -> pd.DataFrame:
         rows = []
-        for phase, step in (("prefill", self.prefill), ("decode", self.decode)):
-            m = self.memory[phase]
+        for phase in self.phases:
+            step, m = getattr(self, phase), self.memory[phase]
             rows.append({"phase": phase, "step_ms": step.time * 1e3, "compute_ms": step.compute * 1e3,
                          "comm_ms": step.comm * 1e3, "exposed_comm_ms": step.exposed_comm * 1e3,
                          "weights_GiB": m.weights / 2**30, "kv_GiB": m.kv_cache / 2**30,
@@ -84,14 +90,15 @@ class Prediction:
             "system": self.system, "model": self.model, "plan": self.plan, "quant": self.quant,
             "scenario": self.scenario, "overrides": self.overrides, "summary": self.summary(),
             "phases": json.loads(self.phase_table().to_json(orient="records")),
-            "breakdown": {p: json.loads(self.breakdown(p).to_json(orient="records")) for p in ("prefill", "decode")},
+            "breakdown": {p: json.loads(self.breakdown(p).to_json(orient="records")) for p in self.phases},
+            "notes": list(self.notes),
         }, indent=2)
 
     def chrome_trace(self) -> dict:
         """One layer of each type, prefill then decode, every stream a track (Perfetto / chrome://tracing)."""
         events, offset, pid = [], 0.0, 0
-        for phase, step in (("prefill", self.prefill), ("decode", self.decode)):
-            for lt in step.layers:
+        for phase in self.phases:
+            for lt in getattr(self, phase).layers:
                 events += lt.timeline.chrome_events(pid=pid, process=f"{phase}: {lt.name} (x{lt.repeat})",
                                                     offset=offset)
                 offset += lt.time

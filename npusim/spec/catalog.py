@@ -92,6 +92,9 @@ class Catalog:
         """Build and check a spec from a normalised tree (a catalog file, or a foreign format mapped onto ours)."""
         for dotted, value in (overrides or {}).items():
             set_path(tree, dotted, value, f"--set {dotted}")
+        prepare = getattr(self.cls, "prepare", None)  # a spec's own reading of the tree (e.g. layered fields)
+        if prepare is not None:
+            tree = prepare(tree)
         ctx = BuildContext(shown, self.require_sources)
         obj = build(self.cls, tree, ctx)
         obj = dataclasses.replace(obj, provenance=Provenance(shown, ctx.sources, ctx.files))

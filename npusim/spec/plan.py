@@ -1,8 +1,10 @@
 """Parallel plans: how the ranks of an instance split attention, MoE and the dense parts, and how instances serve.
 
 A plan names up to two instance roles. `prefill` and `decode` run on separate ranks under prefill-decode
-disaggregation; a plan with only `decode` (or only `prefill`) describes a co-located deployment that serves both
-phases on the same ranks with that one layout. Degrees count ranks: dies on Atlas A3 (a 910C = 2 ranks), chips
+disaggregation. A plan with one instance serves both phases on it when `colocated` (PD mixed) or when that instance
+is a prefill; a plan with only a decode instance and not colocated is a decode-only deployment (the decode pool of
+a disaggregated service): it runs no prefill, so predict reports no TTFT for it. The serving simulation runs a
+one-instance plan co-located either way (requests must be prefilled somewhere). Degrees count ranks: dies on Atlas A3 (a 910C = 2 ranks), chips
 elsewhere (published.md §0).
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from npusim.spec.catalog import Catalog, Provenance
-from npusim.spec.schema import count, flag, internal, quantity, text
+from npusim.spec.schema import count, flag, internal, merge, quantity, text
 
 CP_MODES = ("allgather", "ring")
 TP_REDUCE = ("reduce_scatter", "all_reduce")
@@ -44,6 +46,17 @@ class Moe:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Streams:
+    shared_expert_side_stream: bool = flag(default=False, doc="shared expert overlaps gating + dispatch")
+    comm_overlap: bool = flag(default=True, doc="collectives on their own stream, overlapping compute")
+    two_microbatch: bool = flag(default=False, doc="two microbatches interleave compute and communication")
+    graph_mode: bool = flag(default=True, doc="captured graph launch instead of eager per-kernel launch")
+    attention_cores: int = count(default=0, minimum=0,
+                                 doc="AIC (with their AIVs) given to the attention stream; the FFN/MoE stream gets the "
+                                     "rest and the two run side by side. 0 = every kernel on all cores, one stream")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Instance:
     """The layout of one instance (a group of ranks that runs one copy of the model)."""
 
@@ -57,6 +70,9 @@ class Instance:
     pp: int = count(default=1, doc="pipeline stages")
     microbatches: int = count(default=1, doc="microbatches in flight (PP), or the two-microbatch overlap when 2")
     instances: int = count(default=1, doc="identical instances of this role")
+    streams: Streams | None = field(default=None, metadata={
+        "doc": "this role's streams and schedule, over the plan-level `streams` (fields not written here keep the "
+               "plan's); none: the plan's"})
 
     @property
     def stage_ranks(self) -> int:
@@ -103,17 +119,6 @@ class Eplb:
     redundant_experts: int = count(default=0, minimum=0, doc="extra expert replicas placed by EPLB, per layer")
     imbalance: float = quantity("number", default=1.0, minimum=1.0, strict=False,
                                 doc="busiest rank's routed tokens / mean (1 = perfectly balanced)")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Streams:
-    shared_expert_side_stream: bool = flag(default=False, doc="shared expert overlaps gating + dispatch")
-    comm_overlap: bool = flag(default=True, doc="collectives on their own stream, overlapping compute")
-    two_microbatch: bool = flag(default=False, doc="two microbatches interleave compute and communication")
-    graph_mode: bool = flag(default=True, doc="captured graph launch instead of eager per-kernel launch")
-    attention_cores: int = count(default=0, minimum=0,
-                                 doc="AIC (with their AIVs) given to the attention stream; the FFN/MoE stream gets the "
-                                     "rest and the two run side by side. 0 = every kernel on all cores, one stream")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -193,12 +198,35 @@ class Plan:
     comm_buffer: float = quantity("bytes", default=200 * 2**20,
                                   doc="HCCL buffer per communication group (HCCL_BUFFSIZE default 200 MB)")
     kv_transfer_tier: str = text(default="", doc="system tier that carries prefill->decode KV; '' = innermost holding both")
+    colocated: bool = flag(default=False, doc="the one instance serves prefill and decode (PD mixed); without it a "
+                                              "plan with only a decode instance has no prefill and no TTFT")
     provenance: Provenance = internal()
+
+    @staticmethod
+    def prepare(tree: dict) -> dict:
+        """A role's `streams` written in the file is laid over the plan-level `streams`, field by field, so that a
+        plan-level switch (or `--set plan.streams.X`) reaches both phases unless the role sets it itself."""
+        common = tree.get("streams")
+        for role in ("prefill", "decode"):
+            inst = tree.get(role)
+            if isinstance(inst, dict) and isinstance(inst.get("streams"), dict) and isinstance(common, dict):
+                inst["streams"] = merge(common, inst["streams"])
+        return tree
+
+    def streams_of(self, phase: str) -> Streams:
+        """The streams `phase` runs with: those of the instance that runs it, else the plan's."""
+        inst = self.instance(phase)
+        return inst.streams if inst is not None and inst.streams is not None else self.streams
 
     def instance(self, phase: str) -> Instance:
         """The layout that runs `phase`; a co-located plan runs both phases on its one instance."""
         own = self.prefill if phase == "prefill" else self.decode
         return own or self.decode or self.prefill
+
+    @property
+    def runs_prefill(self) -> bool:
+        """Whether the plan has ranks that prefill: a prefill instance, or its one instance when co-located."""
+        return self.prefill is not None or self.colocated
 
     @property
     def disaggregated(self) -> bool:
@@ -219,6 +247,9 @@ class Plan:
             inst = getattr(self, role)
             if inst is not None:
                 p += inst.check(role)
+        if self.colocated and self.disaggregated:
+            p.append(("colocated", "a plan with both a prefill and a decode instance is disaggregated; colocated "
+                                   "needs one instance"))
         if self.kv_offload.reuse > 1:
             p.append(("kv_offload.reuse", f"is a fraction (0-1), got {self.kv_offload.reuse:g}"))
         if self.mtp.acceptance > self.mtp.depth:

@@ -59,7 +59,8 @@ def evaluate(point: Point, params: CostParams = CostParams()) -> dict:
     row["chips"] = p.prefill_chips + p.decode_chips
     row["peak_flops_per_rank"] = chip.peak_cube_flops("bf16") / chip.dies
     row["hbm_bandwidth_per_rank"] = chip.hbm.bandwidth / chip.dies
-    for phase, step in (("prefill", p.prefill), ("decode", p.decode)):
+    for phase in p.phases:
+        step = getattr(p, phase)
         a = step.activity
         row[f"{phase}_flops_per_rank"] = a.cube_flops + a.vector_flops
         row[f"{phase}_hbm_bytes_per_rank"] = a.hbm_bytes
