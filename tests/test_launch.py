@@ -104,10 +104,14 @@ SGLANG_PUBLISHED = {
     "r1-a3-sglang-mixed-tp4": {"mixed": "--tp-size 16 --dp-size 4 --enable-dp-attention --enable-dp-lm-head "
                                          "--ep-size 16 --moe-a2a-backend deepep --deepep-mode auto "
                                          "--speculative-num-steps 3"},
-    "r1-a3-sglang-pd-w4a8": {"decode": "--tp-size 16 --dp-size 16 --enable-dp-attention --enable-dp-lm-head "
+    "r1-a3-sglang-pd-w4a8": {"prefill": "--tp-size 16 --dp-size 2 --enable-dp-attention --moe-a2a-backend deepep "
+                                        "--deepep-mode normal --speculative-num-steps 1",
+                             "decode": "--tp-size 16 --dp-size 16 --enable-dp-attention --enable-dp-lm-head "
                                        "--ep-size 16 --moe-a2a-backend deepep --deepep-mode low_latency "
                                        "--speculative-num-steps 3"},
-    "r1-a3-sglang-pd-tp2": {"decode": "--tp-size 32 --dp-size 16 --enable-dp-attention --enable-dp-lm-head "
+    "r1-a3-sglang-pd-tp2": {"prefill": "--tp-size 16 --dp-size 2 --enable-dp-attention --moe-a2a-backend deepep "
+                                       "--deepep-mode normal --speculative-num-steps 1",
+                            "decode": "--tp-size 32 --dp-size 16 --enable-dp-attention --enable-dp-lm-head "
                                       "--moe-dense-tp-size 1 --ep-size 32 --moe-a2a-backend deepep "
                                       "--deepep-mode low_latency --speculative-num-steps 3"},
     "v32-a3-sglang-pd-tp4": {"prefill": "--tp-size 32 --attn-cp-size 32 --enable-dsa-prefill-context-parallel "
@@ -124,7 +128,9 @@ PARALLEL = ("--tp-size", "--dp-size", "--enable-dp-attention", "--enable-dp-lm-h
 
 @pytest.mark.parametrize("plan", sorted(SGLANG_PUBLISHED))
 def test_sglang_published_deployments_come_back_as_published(plan):
-    got = parsed(emitted(plan, "sglang"))
+    out = emitted(plan, "sglang")
+    assert not [n for n in out.notes if "_tp" in n.split(":")[0]], out.notes  # every split is SGLang's own
+    got = parsed(out)
     for role, text in SGLANG_PUBLISHED[plan].items():
         want = dict(flags(["python", "-m", "x"] + shlex.split(text)))
         have = got[role][0]
