@@ -98,6 +98,9 @@ def run(args) -> None:
              "plan_file": str(written) if written else None, "commands": confirm}
     if traffic:
         extra.update(load=traffic.describe(), served=json.loads(served.to_json(orient="records")))
+    if written:
+        _write_search(result, written, frame, served if traffic else
+                      pd.DataFrame([c.row() for c in result.closest]).round(2))
     launches = _launches(args, result, written, overrides) if written else {}
     if launches:
         extra["launch"] = {name: {"file": str(path), **l.as_dict()} for name, (l, path) in launches.items()}
@@ -141,6 +144,19 @@ def run(args) -> None:
     for name, (emitted, path) in launches.items():
         print(f"\n{emitted.framework.title} launch commands, written to {path}:\n")
         print(emitted.script(), end="")
+
+
+def _write_search(result, written, frame: pd.DataFrame, runners_up: pd.DataFrame) -> None:
+    """The search beside the plan file (<plan>.search.json): its scenario, frontier and runners-up, which
+    `npusim report <plan>` shows."""
+    sc = result.scenario
+    doc = {"scenario": {"hw": sc.hw, "model": sc.model, "input": sc.input, "output": sc.output,
+                        "quant": sc.quant or "model", "overrides": dict(sc.overrides),
+                        "batch": result.recommended.decode.batch},
+           "slo": {"ttft_s": result.slo.ttft, "tpot_s": result.slo.tpot},
+           "frontier": json.loads(frame.to_json(orient="records")),
+           "runners_up": json.loads(runners_up.to_json(orient="records"))}
+    written.with_name(f"{written.stem}.search.json").write_text(json.dumps(doc, indent=1))
 
 
 def _launches(args, result, written, overrides) -> dict:
