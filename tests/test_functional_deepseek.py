@@ -172,3 +172,77 @@ def test_sparse_mla_index_rows_mean_a_set_with_minus_one_padding():
         F.sparse_mla_attention(q, kv, dup, scale)
     with pytest.raises(NpusimError, match="outside the 200 rows"):
         F.sparse_mla_attention(q, kv, np.where(idx == idx.max(), s, idx), scale)
+
+
+def window_idxs(window: int, seqlen: int, start_pos: int) -> np.ndarray:
+    """get_window_topk_idxs: prefill, token p sees positions max(0, p - window + 1) .. p (min(seqlen, window)
+    columns, -1 past p); decode, the ring slots of the last `window` positions, oldest first (-1 pads early)."""
+    if start_pos == 0:
+        w = min(seqlen, window)
+        cols = np.maximum(np.arange(seqlen)[:, None] - window + 1, 0) + np.arange(w)[None]
+        return np.where(cols > np.arange(seqlen)[:, None], -1, cols)
+    if start_pos >= window - 1:
+        s = start_pos % window
+        return np.concatenate([np.arange(s + 1, window), np.arange(s + 1)])[None]
+    return np.concatenate([np.arange(start_pos + 1), -np.ones(window - start_pos - 1, int)])[None]
+
+
+def compressed_idxs(ratio: int, seqlen: int, start_pos: int, offset: int) -> np.ndarray:
+    """get_compress_topk_idxs (HCA): every completed entry, + offset; prefill -1 for those not yet complete."""
+    if start_pos:
+        return (np.arange((start_pos + 1) // ratio) + offset)[None]
+    m = np.arange(seqlen // ratio)[None].repeat(seqlen, 0)
+    return np.where(m >= (np.arange(1, seqlen + 1) // ratio)[:, None], -1, m + offset)
+
+
+@pytest.mark.parametrize("start_pos,seqlen,ratio", [(0, 200, 0), (0, 300, 128), (0, 90, 4), (700, 1, 128),
+                                                    (700, 1, 4), (50, 1, 0)])
+def test_v4_sparse_attn_with_the_reference_index_lists_and_sink(start_pos, seqlen, ratio):
+    """Attention.forward's sparse_attn: kv = raw rows (prefill) or the window ring buffer (decode), then the
+    compressed entries; topk_idxs = window columns ++ compressed columns (+ offset), -1 padded; a per-head sink in
+    the denominator. F.v4_sparse_attn equals the float64 gather-softmax over those lists within bf16 rounding."""
+    rng = np.random.default_rng(start_pos + seqlen + ratio)
+    win, h, d = 128, 16, 512
+    keys = start_pos + seqlen
+    raw = rnd(rng.standard_normal((keys, d)), "bf16")
+    ent = rnd(rng.standard_normal((keys // ratio if ratio else 0, d)), "bf16")
+    if start_pos:
+        ring = np.zeros((win, d))
+        ring[np.arange(max(0, keys - win), keys) % win] = raw[max(0, keys - win):]
+        kv, offset = np.concatenate([ring, ent]), win
+    else:
+        kv, offset = np.concatenate([raw, ent]), seqlen
+    idx = window_idxs(win, seqlen, start_pos)
+    if ratio == 128:
+        idx = np.concatenate([idx, compressed_idxs(ratio, seqlen, start_pos, offset)], 1)
+    elif ratio == 4:  # an indexer's top-k over the completed entries, -1 padded
+        done = (start_pos + np.arange(seqlen) + 1) // 4
+        k = 16
+        top = np.stack([np.concatenate([rng.permutation(n)[:k], -np.ones(max(0, k - n), int)]) for n in done])
+        idx = np.concatenate([idx, np.where(top >= 0, top + offset, -1)], 1)
+    q, sink = rnd(rng.standard_normal((seqlen, h, d)), "bf16"), rng.standard_normal(h)
+    keep = np.zeros((seqlen, kv.shape[0]), bool)
+    for t, row in enumerate(idx):
+        keep[t, row[row >= 0]] = True
+    ref = masked_attention(q, kv, keep, d ** -0.5, d, sink)
+    got = F.v4_sparse_attn(q, kv, sink, idx, d ** -0.5, start_pos, win, ratio)
+    assert np.abs(got - ref).max() <= 2.0 ** -8 * np.abs(ref).max()
+
+
+def test_v4_sparse_attn_refuses_lists_the_kernel_does_not_read():
+    """A window column that is not one of the token's last `window` positions, or an HCA list missing an entry,
+    is refused with a sentence (the kernel reads windows contiguously and HCA's entries all)."""
+    from npusim.errors import NpusimError
+
+    rng = np.random.default_rng(5)
+    q, kv, sink = rng.standard_normal((4, 16, 512)), rng.standard_normal((4 + 0, 512)), rng.standard_normal(16)
+    idx = window_idxs(128, 4, 0)
+    bad = idx.copy()
+    bad[3, 0] = -1  # token 3 drops position 0 from its window
+    with pytest.raises(NpusimError, match="window columns"):
+        F.v4_sparse_attn(q, kv, sink, bad, 0.04)
+    q2, kv2 = rng.standard_normal((256, 16, 512)), rng.standard_normal((258, 512))
+    hca = np.concatenate([window_idxs(128, 256, 0), compressed_idxs(128, 256, 0, 256)], 1)
+    hca[-1, -1] = -1
+    with pytest.raises(NpusimError, match="completed entries"):
+        F.v4_sparse_attn(q2, kv2, sink, hca, 0.04, 0, 128, 128)

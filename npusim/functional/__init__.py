@@ -213,6 +213,54 @@ def v4_attention(q: np.ndarray, kv: np.ndarray, sink: np.ndarray, scale: float, 
     return out.reshape(T, H, D)
 
 
+def v4_sparse_attn(q: np.ndarray, kv: np.ndarray, sink: np.ndarray, topk_idxs: np.ndarray, scale: float,
+                   start_pos: int = 0, window: int = 128, ratio: int = 0, dtype: str = "bf16",
+                   chip: str | Chip = "910b2", **tiles: int) -> np.ndarray:
+    """DeepSeek-V4's sparse_attn(q, kv, attn_sink, topk_idxs, softmax_scale) as Attention.forward calls it, through
+    the V4 attention trace. Prefill (start_pos 0, T tokens): kv = [raw rows of the T tokens ; compressed entries],
+    the window columns (min(T, window) of them) are positions, the compressed ones entry + T. Decode (start_pos > 0,
+    one token): kv = [the window ring buffer (row = position % window) ; compressed entries], window columns are
+    ring slots, compressed ones entry + window. -1 pads. The kernel reads a token's window as its last `window`
+    positions and, HCA, every completed entry: other lists are refused; CSA's compressed columns are its top-k."""
+    T = q.shape[0]
+    idx = check_indices(topk_idxs, kv.shape[0], "v4_sparse_attn")
+    if start_pos and T != 1:
+        raise NpusimError(f"v4_sparse_attn: a decode step (start_pos {start_pos}) has one token, got {T}",
+                          field="start_pos")
+    nwin = window if start_pos else min(T, window)
+    offset = window if start_pos else T
+    pos = start_pos + np.arange(T)
+    keys = start_pos + T
+    win = idx[:, :nwin]
+    at = np.where(win >= 0, pos[:, None] - (pos[:, None] - win) % window if start_pos else win, -1)
+    for t, p in enumerate(pos):
+        if set(at[t][at[t] >= 0].tolist()) != set(range(max(0, p - window + 1), p + 1)):
+            raise NpusimError(f"v4_sparse_attn: token {t}'s window columns are not the positions "
+                              f"{max(0, p - window + 1)}..{p} (the kernel reads the last {window} rows)",
+                              field="topk_idxs")
+    raw = np.zeros((keys, kv.shape[1]))
+    if start_pos:
+        live = np.arange(max(0, keys - window), keys)
+        raw[live] = kv[live % window]
+    else:
+        raw[:] = kv[:T]
+    if not ratio:
+        return v4_attention(q, raw, sink, scale, window, 0, dtype=dtype, chip=chip, **tiles)
+    ent = np.where(idx[:, nwin:] >= 0, idx[:, nwin:] - offset, -1)
+    ckv = np.zeros((keys // ratio, kv.shape[1]))
+    n = min(kv.shape[0] - offset, keys // ratio)
+    ckv[:n] = kv[offset:offset + n]
+    done = (pos + 1) // ratio
+    if ratio != 4:
+        for t in range(T):
+            if set(ent[t][ent[t] >= 0].tolist()) != set(range(done[t])):
+                raise NpusimError(f"v4_sparse_attn: token {t}'s compressed columns are not its {done[t]} completed "
+                                  f"entries (HCA attends to all of them)", field="topk_idxs")
+        return v4_attention(q, raw, sink, scale, window, ratio, ckv, dtype=dtype, chip=chip, **tiles)
+    return v4_attention(q, raw, sink, scale, window, ratio, ckv, np.where(ent < done[:, None], ent, -1),
+                        dtype=dtype, chip=chip, **tiles)
+
+
 from npusim.functional.layer_ops import (cache_update, compressor, dequantise, embedding, mhc_post,  # noqa: E402
                                          mhc_pre, moe_combine, moe_gate, moe_permute, quantise, rope, sinkhorn,
                                          swiglu)
