@@ -246,3 +246,32 @@ def test_v4_sparse_attn_refuses_lists_the_kernel_does_not_read():
     hca[-1, -1] = -1
     with pytest.raises(NpusimError, match="completed entries"):
         F.v4_sparse_attn(q2, kv2, sink, hca, 0.04, 0, 128, 128)
+
+
+def test_hadamard_is_the_graphs_gemm_against_sylvester():
+    """rotate_activation = hadamard_transform(x, scale=d^-0.5): H[i, j] = (-1)^popcount(i & j) / sqrt(d), bf16 out.
+    F.hadamard runs the graph's idx_hadamard kernel (a bf16 GEMM rows x d x d) and is within bf16 rounding of the
+    float64 transform; it is orthonormal (applied twice it returns x to bf16 rounding)."""
+    from npusim.graph.ops import gemm as graph_gemm
+    from npusim.parallel.optime import KERNEL_OF
+    from npusim.spec.quant import BF16
+
+    rng = np.random.default_rng(6)
+    x = rnd(rng.standard_normal((40, 128)), "bf16")
+    i = np.arange(128)
+    h = (-1.0) ** np.vectorize(lambda v: bin(v).count("1"))(i[:, None] & i[None]) / np.sqrt(128)
+    got = F.hadamard(x)
+    assert np.abs(got - x @ h).max() <= 2.0 ** -8 * np.abs(x @ h).max()
+    assert np.abs(F.hadamard(got) - x).max() <= 2.0 ** -7 * np.abs(x).max()
+    op = graph_gemm("idx_hadamard", 40, 128, 128, BF16, BF16, kind="hadamard")  # as the graph builder makes it
+    assert KERNEL_OF[op.kind] == "gemm" and (op.shape["m"], op.shape["n"], op.shape["k"]) == (40, 128, 128)
+
+
+def test_fp32_gemm_scheme_as_the_references_fp32_linears():
+    """weights_proj(x.float()) and the Gate's linear(x.float(), w.float()): dtype fp32 keeps fp32 operands and
+    fp32 accumulation (1e-6 of the float64 product), which bf16 does not."""
+    rng = np.random.default_rng(8)
+    a, b = rng.standard_normal((33, 700)), rng.standard_normal((700, 64))
+    ref = rnd(a, "fp32") @ rnd(b, "fp32")
+    got, bf = F.gemm(a, b, "fp32", "fp32"), F.gemm(a, b, "bf16", "fp32")
+    assert np.abs(got - ref).max() <= 1e-6 * np.abs(ref).max() < np.abs(bf - ref).max()

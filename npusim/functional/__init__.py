@@ -52,8 +52,9 @@ def run(kernel, tensors: dict[str, np.ndarray], chip: str | Chip = "910b2") -> d
 
 def gemm(a: np.ndarray, b: np.ndarray, dtype: str = "bf16", out_dtype: str = "bf16", chip: str | Chip = "910b2",
          **tiles: int) -> np.ndarray:
-    """a [m, k] @ b [k, n] (or batched [B, m, k] @ [B, k, n]) under a dtype scheme (bf16, fp16, int8 W8A8,
-    fp8 128-blocks, mxfp8, mxfp4): operands are quantised as the scheme says, then multiplied by the GEMM trace."""
+    """a [m, k] @ b [k, n] (or batched [B, m, k] @ [B, k, n]) under a dtype scheme (bf16, fp16, fp32 as the
+    reference's fp32 linears (weights_proj(x.float())), int8 W8A8, fp8 = DeepSeek's ue8m0 1x128 / 128x128 blocks,
+    fp8amax, mxfp8, mxfp4): operands are quantised as the scheme says, then multiplied by the GEMM trace."""
     from npusim.kernels.gemm import Gemm
 
     squeeze = a.ndim == 2
@@ -62,6 +63,20 @@ def gemm(a: np.ndarray, b: np.ndarray, dtype: str = "bf16", out_dtype: str = "bf
     t = {"c": np.zeros((a3.shape[0], a3.shape[1], b3.shape[2])), **_operands(a3, b3, dtype)}
     c = run(kern, t, chip)["c"]
     return c[0] if squeeze else c
+
+
+def hadamard(x: np.ndarray, chip: str | Chip = "910b2", **tiles: int) -> np.ndarray:
+    """The V3.2 indexer's rotate_activation: x [rows, d] (d a power of two) times the orthonormal Sylvester Hadamard
+    matrix H_d / sqrt(d), bf16 in and out, executed as the kernel the graph models it with (idx_hadamard: a bf16
+    GEMM against the constant matrix, fp32 accumulation). Limit: the matrix entries +-d^-0.5 are stored in bf16
+    (d = 128: 5e-5 relative below the fp32 butterflies of fast_hadamard_transform), far inside the bf16 output."""
+    rows, d = x.shape
+    if d & (d - 1):
+        raise NpusimError(f"hadamard: the last dim must be a power of two, got {d}", field="shape")
+    h = np.ones((1, 1))
+    while h.shape[0] < d:
+        h = np.block([[h, h], [h, -h]])
+    return gemm(rnd(x, "bf16"), h * d ** -0.5, "bf16", "bf16", chip, **tiles)
 
 
 def _operands(a3: np.ndarray, b3: np.ndarray, dtype: str) -> dict[str, np.ndarray]:
