@@ -135,6 +135,8 @@ CASES: list[tuple[str, dict, str, int]] = [
     ("rope", {"tokens": 16, "heads": 64, "dim": 64, "layout": "half"}, "910b2", 0),
     ("rope", {"tokens": 64, "heads": 64, "dim": 128, "layout": "half", "head_loop": 1}, "910c-die", 0),
     ("rope", {"tokens": 1, "heads": 32, "dim": 128, "head_loop": 1}, "910c-die", 0),
+    ("sinkhorn", {"rows": 4096, "streams": 4, "iters": 20}, "910c-die", 0),
+    ("sinkhorn", {"rows": 7, "streams": 4, "iters": 3, "eps": 0.01}, "910b2", 0),
     ("quantise", {"rows": 4096, "elements": 576}, "910c-die", 0),
     ("quantise", {"rows": 8, "elements": 7168, "dtype": "fp8"}, "950pr", 0),
     ("quantise", {"rows": 64, "elements": 7168, "dtype": "mxfp8"}, "950dt", 0),

@@ -275,3 +275,48 @@ def test_fp32_gemm_scheme_as_the_references_fp32_linears():
     ref = rnd(a, "fp32") @ rnd(b, "fp32")
     got, bf = F.gemm(a, b, "fp32", "fp32"), F.gemm(a, b, "bf16", "fp32")
     assert np.abs(got - ref).max() <= 1e-6 * np.abs(ref).max() < np.abs(bf - ref).max()
+
+
+def sinkhorn64(z: np.ndarray, iters: int, eps: float) -> np.ndarray:
+    """hc_split_sinkhorn's comb in float64: softmax over the last axis + eps, / (column sums + eps), then iters - 1
+    times / (row sums + eps), / (column sums + eps)."""
+    e = np.exp(z - z.max(-1, keepdims=True))
+    a = e / e.sum(-1, keepdims=True) + eps
+    a = a / (a.sum(-2, keepdims=True) + eps)
+    for _ in range(iters - 1):
+        a = a / (a.sum(-1, keepdims=True) + eps)
+        a = a / (a.sum(-2, keepdims=True) + eps)
+    return a
+
+
+def test_sinkhorn_runs_its_trace_and_honours_eps():
+    """F.sinkhorn executes the Sinkhorn kernel's trace (the vector steps of HcPre) and equals the float64
+    re-derivation to fp32, for the default and a large eps (and not the float64 result of fewer iterations)."""
+    z = np.random.default_rng(9).standard_normal((9, 4, 4)) * 3
+    for iters, eps in ((20, 1e-6), (6, 0.05)):
+        got = F.sinkhorn(z, iters, eps)
+        assert np.abs(got - sinkhorn64(rnd(z, "fp32"), iters, eps)).max() < 1e-6
+        assert np.abs(got - sinkhorn64(rnd(z, "fp32"), iters - 1, eps)).max() > 1e-5
+
+
+def test_mhc_pre_honours_hc_eps_and_norm_eps():
+    """hc_pre: rsqrt(mean(x^2) + norm_eps) on the mixes, hc_split_sinkhorn with hc_eps: F.mhc_pre with eps 0.01
+    equals the float64 re-derivation with that eps (and differs from eps 1e-6 beyond the fp32 error)."""
+    from npusim.functional import reference as R
+
+    rng = np.random.default_rng(10)
+    t, n, d = 5, 4, 256
+    x, fn = rnd(rng.standard_normal((t, n, d)), "bf16"), rnd(0.05 * rng.standard_normal((24, n * d)), "fp32")
+    scale, base = rng.uniform(0.5, 1.5, 3), 0.3 * rng.standard_normal(24)
+    v = x.reshape(t, n * d)
+    m = v @ fn.T / np.sqrt((v * v).mean(-1, keepdims=True) + 1e-6)
+    sig = 1 / (1 + np.exp(-(m[:, :n] * scale[0] + base[:n])))
+    for eps in (1e-6, 0.01):
+        y, post, res = F.mhc_pre(x, fn, scale, base, 20, eps)
+        ref_res = sinkhorn64((m[:, 2 * n:] * scale[2] + base[2 * n:]).reshape(t, n, n), 20, eps)
+        ref_y = np.einsum("tj,tjd->td", sig + eps, x)
+        assert np.abs(res - ref_res).max() < 1e-5
+        assert np.abs(y - ref_y).max() <= 2.0 ** -8 * np.abs(ref_y).max()
+    assert np.abs(F.mhc_pre(x, fn, scale, base, 20, 0.01)[2] - F.mhc_pre(x, fn, scale, base)[2]).max() > 1e-3
+    assert np.allclose(F.mhc_pre(x, fn, scale, base, norm_eps=10.0)[1], R.mhc_pre(x, fn, scale, base, norm_eps=10.0)[1],
+                       atol=1e-6)

@@ -18,22 +18,25 @@ def _run(kernel, tensors, chip):
     return run(kernel, tensors, chip)
 
 
-def sinkhorn(logits: np.ndarray, iters: int = 20, eps: float = 1e-6) -> np.ndarray:
-    """Sinkhorn-Knopp of mHC's H_res (models.md §2.5): softmax over the last axis + eps, divide by column sums
-    + eps, then iters - 1 times rows then columns; logits [..., n, n] -> a near doubly stochastic matrix."""
-    from npusim.functional.reference import sinkhorn as ref
-
-    return ref(logits, iters, eps)
+def sinkhorn(logits: np.ndarray, iters: int = 20, eps: float = 1e-6, chip: str | Chip = "910b2") -> np.ndarray:
+    """Sinkhorn-Knopp of mHC's H_res (models.md §2.5) by the Sinkhorn trace (the vector steps of HcPre): softmax
+    over the last axis + eps, divide by column sums + eps, then iters - 1 times rows then columns; logits [T, n, n]
+    (fp32) -> a near doubly stochastic matrix."""
+    T, n, _ = logits.shape
+    mix = np.zeros((T, 2 * n + n * n))
+    mix[:, 2 * n:] = rnd(logits.reshape(T, n * n), "fp32")
+    out = _run(vector.Sinkhorn(T, n, iters, eps), {"mix": mix}, chip)["mix"]
+    return out[:, 2 * n:].reshape(T, n, n)
 
 
 def mhc_pre(x: np.ndarray, fn: np.ndarray, scale: np.ndarray, base: np.ndarray, iters: int = 20,
-            eps: float = 1e-6, chip: str | Chip = "910b2"):
+            eps: float = 1e-6, chip: str | Chip = "910b2", norm_eps: float = 1e-6):
     """x [T, n, d] residual streams, fn [(2+n)n, n*d], scale [3] (a0, a1, a2), base [(2+n)n] ->
     (y [T, d] = sum_j pre_j X_j, post [T, n], res [T, n, n]) by the HcPre trace (GEMV on the cube in fp32, the
-    mixes and Sinkhorn on the vector cores)."""
+    mixes and Sinkhorn on the vector cores); eps = V4's hc_eps, norm_eps the RMS's."""
     T, n, d = x.shape
     mix = fn.shape[0]
-    kern = projection.MhcPre(T, n, d, mix, iters)
+    kern = projection.MhcPre(T, n, d, mix, iters, eps, norm_eps)
     t = {"x": rnd(x.reshape(T, n * d), "bf16"), "w": rnd(fn.T, "fp32"),
          "hc": np.concatenate([np.asarray(scale, float), np.asarray(base, float)])[None],
          "y": np.zeros((T, d)), "post": np.zeros((T, n)), "res": np.zeros((T, n * n))}

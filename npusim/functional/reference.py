@@ -124,12 +124,13 @@ def sinkhorn(logits, iters: int = 20, eps: float = 1e-6):
     return a
 
 
-def mhc_pre(x, fn, scale, base, iters: int = 20, eps: float = 1e-6):
-    """models.md §2.5: x [T, n, d], fn [mix, n*d] -> (y = sum_j pre_j X_j [T, d], post [T, n], res [T, n, n])."""
+def mhc_pre(x, fn, scale, base, iters: int = 20, eps: float = 1e-6, norm_eps: float = 1e-6):
+    """models.md §2.5 (V4 hc_pre + hc_split_sinkhorn): x [T, n, d], fn [mix, n*d] -> (y = sum_j pre_j X_j [T, d],
+    post [T, n], res [T, n, n]); norm_eps in the RMS, eps (hc_eps) in pre and the Sinkhorn."""
     x = np.asarray(x, np.float64)
     T, n, d = x.shape
     v = x.reshape(T, n * d)
-    m = (v @ np.asarray(fn, np.float64).T) / np.sqrt((v * v).mean(-1, keepdims=True) + eps)
+    m = (v @ np.asarray(fn, np.float64).T) / np.sqrt((v * v).mean(-1, keepdims=True) + norm_eps)
     a0, a1, a2 = scale
     sig = lambda z: 1.0 / (1.0 + np.exp(-z))  # noqa: E731
     pre = sig(m[:, :n] * a0 + base[:n]) + eps

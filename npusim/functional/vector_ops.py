@@ -118,21 +118,36 @@ def _sigmoid(x):
 
 
 @op
-def hc_mix(c, ss, hc, shape, streams, dim, eps=1e-6, **_):
-    """mHC mixes per row (models.md §2.5): m = c * rsqrt(ss/dim + eps); pre = sigmoid(m a0 + b) + eps,
+def hc_mix(c, ss, hc, shape, streams, dim, eps=1e-6, norm_eps=1e-6, **_):
+    """mHC mixes per row (models.md §2.5): m = c * rsqrt(ss/dim + norm_eps); pre = sigmoid(m a0 + b) + eps,
     post = 2 sigmoid(m a1 + b), H_res logits m a2 + b -> softmax over k + eps -> divided by column sums + eps
     (the first Sinkhorn iteration). Out [rows, 2n + n^2] = pre | post | res (zeros where mix = n)."""
     n = streams
-    m = c * (1.0 / np.sqrt(ss / dim + eps))
+    m = c * (1.0 / np.sqrt(ss / dim + norm_eps))
     a, b = hc[0, :3], hc[0, 3:]
     out = np.zeros((c.shape[0], 2 * n + n * n))
     out[:, :n] = _sigmoid(m[:, :n] * a[0] + b[:n]) + eps
     if c.shape[1] > n:
         out[:, n:2 * n] = 2.0 * _sigmoid(m[:, n:2 * n] * a[1] + b[n:2 * n])
-        z = (m[:, 2 * n:] * a[2] + b[2 * n:]).reshape(-1, n, n)
-        e = np.exp(z - z.max(-1, keepdims=True))
-        r = e / e.sum(-1, keepdims=True) + eps
-        out[:, 2 * n:] = (r / (r.sum(-2, keepdims=True) + eps)).reshape(-1, n * n)
+        out[:, 2 * n:] = _sinkhorn_start(m[:, 2 * n:] * a[2] + b[2 * n:], n, eps)
+    return out
+
+
+def _sinkhorn_start(z: np.ndarray, n: int, eps: float) -> np.ndarray:
+    """H_res logits [rows, n*n] -> softmax over each row + eps, divided by the column sums + eps (the first
+    Sinkhorn iteration)."""
+    z = z.reshape(-1, n, n)
+    e = np.exp(z - z.max(-1, keepdims=True))
+    r = e / e.sum(-1, keepdims=True) + eps
+    return (r / (r.sum(-2, keepdims=True) + eps)).reshape(-1, n * n)
+
+
+@op
+def sinkhorn_start(m, shape, streams, eps=1e-6, **_):
+    """The standalone Sinkhorn's first step on the mix layout (pre | post | H_res logits): H_res started as hc_mix
+    starts it, pre and post passed through."""
+    out = m.copy()
+    out[:, 2 * streams:] = _sinkhorn_start(m[:, 2 * streams:], streams, eps)
     return out
 
 

@@ -290,3 +290,13 @@ def verify_cache_update(shape: dict, rng: np.random.Generator) -> list[Error]:
 
 
 VERIFY["cache_update"] = verify_cache_update
+
+
+def verify_sinkhorn(shape: dict, rng: np.random.Generator) -> list[Error]:
+    t, n, iters = shape.get("rows", 9), shape.get("streams", 4), shape.get("iters", 20)
+    z = 3 * rng.standard_normal((t, n, n))
+    return [_err(f"fp32 eps {eps:g}", F.sinkhorn(z, iters, eps), R.sinkhorn(rnd(z, "fp32"), iters, eps))
+            for eps in (1e-6, 1e-2)]
+
+
+VERIFY["sinkhorn"] = verify_sinkhorn

@@ -393,10 +393,11 @@ class MhcPre(Projected):
     """mHC pre (HcPre, models.md §2.5): x [tokens, streams*hidden] (the n residual streams), fn [streams*hidden,
     mix] (hc_fn^T), hc [1, 3 + mix] (scales a0 a1 a2, then the base b) -> y [tokens, hidden] = sum_j pre_j X_j,
     post [tokens, streams], res [tokens, streams^2] (H_res after `sinkhorn_iters` Sinkhorn-Knopp iterations).
-    mix = n (the LM head's hc_head: pre only) or (2+n)n."""
+    mix = n (the LM head's hc_head: pre only) or (2+n)n. `eps`: hc_eps (pre + eps, the Sinkhorn's); `norm_eps`: the
+    RMS of x (V4's norm_eps), both 1e-6 in V4."""
 
     name: ClassVar[str] = "mhc_pre"
-    options: ClassVar[tuple[str, ...]] = ("block_rows", "k_split", "buffering")
+    options: ClassVar[tuple[str, ...]] = ("eps", "norm_eps", "block_rows", "k_split", "buffering")
     cast: ClassVar[bool] = True
     cube_dtype: ClassVar[str] = "fp32"
     tokens: int
@@ -404,6 +405,8 @@ class MhcPre(Projected):
     hidden: int = 4096
     mix: int = 24
     sinkhorn_iters: int = 20
+    eps: float = 1e-6
+    norm_eps: float = 1e-6
     block_rows: int = 0  # 0 = the plan's
     k_split: int = 0  # K ranges over the cores: 0 = when row blocks are fewer than the cores
     buffering: int = 0  # depth of the double-buffered queues (0 = 2, as written)
@@ -419,6 +422,13 @@ class MhcPre(Projected):
     @property
     def cols(self) -> int:
         return self.mix
+
+    def eps_args(self) -> tuple[tuple[str, float], ...]:
+        """hc_mix's eps arguments where they differ from the ops' default 1e-6 (so default traces keep theirs)."""
+        return self.hc_eps_args() + ((("norm_eps", self.norm_eps),) if self.norm_eps != 1e-6 else ())
+
+    def hc_eps_args(self) -> tuple[tuple[str, float], ...]:
+        return (("eps", self.eps),) if self.eps != 1e-6 else ()
 
     @property
     def full(self) -> bool:
@@ -472,14 +482,14 @@ class MhcPre(Projected):
         v.op("mte2", "load_hc", Act("load", hc, (Ref("hc", (0, 0), (1, 3 + mix)),), "fp32"), bytes=4.0 * (3 + mix),
              dtype="fp32", src="gm", dst="ub", hit=1.0)
         v.op("vector", "hc_mix", Act("hc_mix", m, (Ref("ub.c", (0, 0), (rows, mix)), Ref("ub.ss", (0, 0), (rows, 1)),
-                                                  hc), "fp32", (("streams", n), ("dim", n * d))),
+                                                  hc), "fp32", (("streams", n), ("dim", n * d)) + self.eps_args()),
              flops=rows * (SIGMOID_FLOPS * mix + 6.0 * n * n), bytes=4.0 * rows * mix, dtype="fp32", src="ub",
              dst="ub")
         if self.full and self.sinkhorn_iters > 1:
             with v.loop(self.sinkhorn_iters - 1):
                 for axis in ("rows", "cols"):
                     v.op("vector", f"sinkhorn_{axis}", Act("sinkhorn", m, (m,), "fp32",
-                                                           (("streams", n), ("axis", axis))),
+                                                           (("streams", n), ("axis", axis)) + self.hc_eps_args()),
                          flops=SINKHORN_FLOPS * rows * n * n, bytes=4.0 * rows * n * n, dtype="fp32", src="ub",
                          dst="ub")
 

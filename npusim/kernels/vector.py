@@ -758,3 +758,43 @@ class CacheUpdate(Tiled):
 
     def steps(self) -> tuple[Step, ...]:
         return (Step("copy", self.outputs()[0], ("x",), 0.0),)
+
+
+SINKHORN_STEP_FLOPS = 3  # per element per half-iteration: sum, add eps, divide (as projection.SINKHORN_FLOPS)
+
+
+@register
+@dataclass(frozen=True)
+class Sinkhorn(Tiled):
+    """mHC's Sinkhorn-Knopp of H_res alone (models.md §2.5), the vector steps MhcPre runs after its mixes: per row
+    of mix [rows, 2n + n^2] (pre | post | H_res logits, the layout of hc_mix), softmax of each H_res row + eps, divide
+    by column sums + eps, then `iters` - 1 times rows then columns -> the same layout with H_res doubly stochastic."""
+
+    name: ClassVar[str] = "sinkhorn"
+    options: ClassVar[tuple[str, ...]] = ("eps", "buffering")
+    rows: int
+    streams: int = 4
+    iters: int = 20
+    eps: float = 1e-6
+
+    @property
+    def tokens(self) -> int:
+        return self.rows
+
+    @property
+    def wide(self) -> int:
+        return 2 * self.streams + self.streams ** 2
+
+    def inputs(self) -> tuple[Operand, ...]:
+        return (Operand("logits", 1, self.wide, "fp32", False, array="mix"),)
+
+    def outputs(self) -> tuple[Operand, ...]:
+        return (Operand("res", 1, self.wide, "fp32", False, array="mix"),)
+
+    def steps(self) -> tuple[Step, ...]:
+        n, out = self.streams, self.outputs()[0]
+        args = (("streams", n), ("eps", self.eps))
+        first = Step("sinkhorn_start", out, ("logits",), 6.0 * n * n, args)
+        halves = [Step("sinkhorn", out, ("res",), SINKHORN_STEP_FLOPS * n * n, args + (("axis", axis),))
+                  for _ in range(self.iters - 1) for axis in ("rows", "cols")]
+        return (first, *halves)
