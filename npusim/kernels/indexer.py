@@ -9,6 +9,17 @@ head-summed [tokens x keys] scores. Those go through a small GM/L2 workspace to 
 scale (quantised variants) and the causal mask and merge them into a running exact top-k, whose cost follows the
 sort/merge model (A2/A3) or radix select (950).
 
+The bf16/fp16 kernel of dav-c220 (A2/A3; ops-transformer attention/lightning_indexer/op_kernel/arch22, models.md
+§3.4's A3 flow) keeps only C1 on the cube: blocks of `s1_base` tokens (8) x heads rows by 512 keys, FIXPIPE's ReLU
+writes each chunk's per-head scores as fp32 to the workspace (mm1ResGm, two slots per core), and the two AIVs, in
+lockstep with their AIC (one cross-core flag for both), split the block's tokens: per token the scores come in
+16-head groups (MTE2, ping-pong), are weighted and summed (Brcb, Mul, Add, DoReduce), masked, sorted (VBS32 +
+VMS4 to a 512 run) and merged into the token's running top-k every block (MergeSort; a sequence of <= 4 query
+tokens caches four sorted blocks per merge), a finished row only extracted. Measured on kernels.md K135 (raw
+msprof, 910B3): vec0 holds 3 of 5 tokens per block (vector 47.2 us, 3.15 us per token-block; vec1 32.2 us for 2),
+the AIC's FIXPIPE writes 0.66 MB per block (23.9 us at ~128 GB/s), the cube is 21 % busy. Its contiguous even
+split of blocks over the cores (SplitCore) is approximated by npusim's units below (one more wave at some shapes).
+
 How the launch is cut into units of equal work, each one loop of key-tile steps:
   * decode and short prefills (few query blocks): smaller blocks, and each block's keys split into ranges over the
     cores (as many as pay for their merge); each range yields a partial top-k in GM, and after an all-core barrier
@@ -48,6 +59,8 @@ PREFILL_ROWS = 512  # query rows of Huawei's basic block (models.md §3.4)
 LAG = 2  # key chunks by which the head reduction trails C1 (FIXPIPE and MTE1 bring S' into L0B meanwhile)
 ELEMENT = {"bf16": "bf16", "fp16": "fp16", "int8": "int8", "fp8": "fp8e4m3"}  # functional format of q and k
 WS_HIT = 1.0  # the C->V score workspace: two slots of tb x bn fp32 per core, written and read at once (L2)
+S1_BASE = 8  # tokens per block of the dav-c220 kernel when topk <= 2048 (s1BaseSize; 8192 / topk x 2 above)
+HEAD_GROUP = 16  # heads an AIV scales per UB load in the dav-c220 kernel (groupInner_)
 
 def topk_cycles(chip: Chip, k: int, presorted: bool = False) -> tuple[float, float]:
     """(cycles per candidate key, fixed cycles per row) of an exact top-k, models.md §3.4: A2/A3 VBS32 + VMS4
@@ -58,6 +71,18 @@ def topk_cycles(chip: Chip, k: int, presorted: bool = False) -> tuple[float, flo
         return 111 / 256, 192.0
     runs = 0 if presorted else math.ceil(max(math.log2(max(k, 1)) - 5, 0) / 2)
     return (1.36 + runs) / 2, 3.32 * k / 2
+
+
+def block_topk_cycles(k: int, bn: int, cached: bool) -> float:
+    """Cycles per token and key block of the dav-c220 kernel's running top-k (ProcessVec of
+    lightning_indexer_service_vector_arch22.h): the block's bn scores sorted into one run (VBS32, then the VMS4
+    levels up to bn), then merged into the token's running k-list (MergeSort: one exhaust-mode merge, the 3.32 k / 2
+    of models.md §3.4) every block. `cached` (an AIV holds at most 2 tokens of the block and k <= 2048, the decode
+    path): the sorted blocks are kept four at a time, merged into one list (one more VMS4 level) and that into the
+    running list once per four blocks."""
+    runs = math.ceil(max(math.log2(bn) - 5, 0) / 2)
+    sort, merge = (1.36 + runs) * bn / 2, 3.32 * k / 2
+    return sort + bn / 2 + merge / 4 if cached else sort + merge
 
 
 @dataclass(frozen=True)
@@ -79,6 +104,7 @@ class Plan:
     splits: int
     tps: int
     paired: bool
+    vec: bool = False  # the head reduction on the vector cores (the dav-c220 kernel, see `vector_heads`)
 
     @property
     def parts(self) -> int:
@@ -98,13 +124,13 @@ class Queues:
     q: Queue  # Q and W~ of a unit in L1 (MTE2 -> MTE1; the cube gives them back at the unit's end)
     k: Queue  # K half tiles in L1 (MTE2 -> MTE1)
     qa: Queue  # the row chunk's Q in L0A (MTE1 -> cube)
-    wa: Queue  # the row chunk's W~ in L0A (MTE1 -> cube)
+    wa: Queue | None  # the row chunk's W~ in L0A (MTE1 -> cube)
     kb: Queue  # a K chunk in L0B (MTE1 -> cube)
     s: Queue  # S = Q K^T in L0C (cube -> FIXPIPE)
-    s1: Queue  # S' = ReLU(S) in L1 (FIXPIPE -> MTE1)
-    sb: Queue  # S' in L0B (MTE1 -> cube)
-    pc: Queue  # P = W~ S' in L0C (cube -> FIXPIPE)
-    ws: tuple[Queue, Queue]  # a step's head-summed scores in GM (AIC FIXPIPE -> AIV MTE2)
+    s1: Queue | None  # S' = ReLU(S) in L1 (FIXPIPE -> MTE1); the cube head reduction only, as wa, sb, pc
+    sb: Queue | None  # S' in L0B (MTE1 -> cube)
+    pc: Queue | None  # P = W~ S' in L0C (cube -> FIXPIPE)
+    ws: tuple[Queue, Queue]  # a step's scores in GM (AIC FIXPIPE -> AIV MTE2): head-summed, or per head (vec)
     ub: Queue  # the scores in UB (MTE2 -> vector)
     top: Queue  # the running top-k (vector -> MTE3)
     m: Queue  # a key range's partial top-k in UB (MTE2 -> vector)
@@ -137,6 +163,16 @@ class LightningIndexer(Kernel):
     def quantised(self) -> bool:
         return self.dtype in QUANTISED
 
+    def vector_heads(self, chip: Chip) -> bool:
+        """The head weighting and reduction on the AIVs: the dav-c220 (A2/A3) LightningIndexer for bf16/fp16 q and k
+        (ops-transformer attention/lightning_indexer/op_kernel/arch22; models.md §3.4's A3 flow: C1 = QK^T + ReLU in
+        FIXPIPE, V1 = weight-mul, head reduce, top-k). The quantised variants and the 950 keep the cube's Mat-Duce."""
+        return not self.quantised and chip.family != "950"
+
+    def s1_base(self) -> int:
+        """Tokens per block of the dav-c220 kernel (InitTilingData: 8, or 8192 / topk x 2 above 2048 selections)."""
+        return S1_BASE if self.topk <= 2048 else max(1, 8192 // self.topk * 2)
+
     def pairs(self) -> float:
         return self.batch * (self.tokens * self.keys - (self.tokens * (self.tokens - 1) / 2 if self.causal else 0))
 
@@ -148,11 +184,15 @@ class LightningIndexer(Kernel):
 
     # ------------------------------------------------------------------------------------------------ the plan
     def plan(self, chip: Chip) -> Plan:
-        """Huawei's 512-row block (block_m / heads tokens) for prefill; with too few query blocks to fill the cores,
-        the block size and the key ranges per block that `estimate` finds fastest (explicit sizes win)."""
+        """Huawei's 512-row block (block_m / heads tokens) for prefill, or the dav-c220 kernel's s1_base tokens when
+        the AIVs reduce the heads; with too few query blocks to fill the cores, the block size (the cube reduction
+        only: the dav-c220 kernel keeps its block) and the key ranges per block that `estimate` finds fastest
+        (explicit sizes win)."""
         H, T, bn = self.heads, self.tokens, self.block_n
-        tpb = (self.block_m or PREFILL_ROWS) // H
-        if tpb < 1 or (self.block_m or PREFILL_ROWS) % H or bn % 2 or bn < 32:
+        vec = self.vector_heads(chip)
+        rows = self.block_m or (self.s1_base() * H if vec else PREFILL_ROWS)
+        tpb = rows // H
+        if tpb < 1 or rows % H or bn % 2 or bn < 32:
             raise NpusimError(f"lightning_indexer block_m={self.block_m} must hold whole tokens of {H} heads and "
                               f"block_n={bn} must be an even number of keys >= 32", field="tiling.block_m")
         if H > 128:
@@ -161,7 +201,8 @@ class LightningIndexer(Kernel):
         if self.block_m and self.splits:
             return self.layout(chip, tb, self.splits)
         few = self.batch * cdiv(T, tb) < chip.aic.count  # decode: smaller blocks and key ranges fill the cores
-        sizes = sorted({cdiv(tb, 2 ** i) for i in range(tb.bit_length())}) if few and not self.block_m else [tb]
+        sizes = (sorted({cdiv(tb, 2 ** i) for i in range(tb.bit_length())}) if few and not self.block_m and not vec
+                 else [tb])
         options = [(b, s) for b in sizes
                    for s in ([self.splits] if self.splits else range(1, self.max_splits(chip, b) + 1))]
         return self.layout(chip, *min(options, key=lambda o: self.estimate(chip, *o)))
@@ -175,12 +216,13 @@ class LightningIndexer(Kernel):
         tpc = max(t for t in range(1, 128 // H + 1) if tb % t == 0 and (tb // t >= 2 or tb == 1))
         c_m, nr = tpc * H, tb // tpc
         nq, full = cdiv(T, tb), cdiv(S, bn)
+        vec = self.vector_heads(chip)
+        cap = capacity(chip)
         paired = bool(self.causal) and self.batch * (nq // 2) >= chip.aic.count
         tps = cdiv(full, 1 if paired else splits)
         if not paired and self.causal and len({cdiv(self.tiles(q, tb, full), tps) for q in range(nq)}) > 1:
             tps = full  # causal query blocks with different range counts are not split (their merges would differ)
-        cap = capacity(chip)
-        plans = [Plan(tb, tb * H, tpc, c_m, c_n, nr, cdiv(nr, 2), bn, nq, full, cdiv(full, tps), tps, paired)
+        plans = [Plan(tb, tb * H, tpc, c_m, c_n, nr, cdiv(nr, 2), bn, nq, full, cdiv(full, tps), tps, paired, vec)
                  for c_n in (128, 64, 32, 16) if (bn // 2) % c_n == 0]
         return next((p for p in plans if all(v <= cap[lv] for lv, v in self.buffers(chip, p).items())), plans[-1])
 
@@ -195,17 +237,18 @@ class LightningIndexer(Kernel):
         two P accumulators. UB is counted by `ub` (its two phases reuse it)."""
         dt, D, bn, c_m, c_n = self.dtype, self.dim, p.bn, p.c_m, p.c_n
         q = prog.queue
+        w_l1 = 0.0 if p.vec else nbytes(SCORE_DT, p.nr * 16, c_m)
+        cube = (lambda *a, **k: None) if p.vec else q  # the cube head reduction's queues
         return Queues(
-            q("q", (AIC, "mte2"), (AIC, "mte1"), depth=1,
-              slot={"l1": p.parts * (nbytes(dt, p.rows, D) + nbytes(SCORE_DT, p.nr * 16, c_m))}),
+            q("q", (AIC, "mte2"), (AIC, "mte1"), depth=1, slot={"l1": p.parts * (nbytes(dt, p.rows, D) + w_l1)}),
             q("k", (AIC, "mte2"), (AIC, "mte1"), depth=3, slot={"l1": nbytes(dt, bn // 2, D)}),
             q("qa", (AIC, "mte1"), (AIC, "cube"), depth=1, slot={"l0a": nbytes(dt, c_m, D)}),
-            q("wa", (AIC, "mte1"), (AIC, "cube"), depth=2, slot={"l0a": nbytes(SCORE_DT, 16, c_m)}),
+            cube("wa", (AIC, "mte1"), (AIC, "cube"), depth=2, slot={"l0a": nbytes(SCORE_DT, 16, c_m)}),
             q("kb", (AIC, "mte1"), (AIC, "cube"), depth=2, slot={"l0b": nbytes(dt, c_n, D)}),
             q("s", (AIC, "cube"), (AIC, "fixpipe"), depth=2, slot={"l0c": 4.0 * c_m * c_n}),
-            q("s1", (AIC, "fixpipe"), (AIC, "mte1"), depth=2, slot={"l1": nbytes(SCORE_DT, c_m, c_n)}),
-            q("sb", (AIC, "mte1"), (AIC, "cube"), depth=2, slot={"l0b": nbytes(SCORE_DT, c_m, c_n)}),
-            q("pc", (AIC, "cube"), (AIC, "fixpipe"), depth=2, slot={"l0c": 4.0 * 16 * bn}),
+            cube("s1", (AIC, "fixpipe"), (AIC, "mte1"), depth=2, slot={"l1": nbytes(SCORE_DT, c_m, c_n)}),
+            cube("sb", (AIC, "mte1"), (AIC, "cube"), depth=2, slot={"l0b": nbytes(SCORE_DT, c_m, c_n)}),
+            cube("pc", (AIC, "cube"), (AIC, "fixpipe"), depth=2, slot={"l0c": 4.0 * 16 * bn}),
             tuple(q(f"ws{i}", (AIC, "fixpipe"), (AIV, "mte2"), depth=1) for i in range(2)),
             q("ub", (AIV, "mte2"), (AIV, "vector"), depth=2),
             q("top", (AIV, "vector"), (AIV, "mte3"), depth=2),
@@ -217,8 +260,23 @@ class LightningIndexer(Kernel):
         merged top-k."""
         na, bn, K = max(p.tokens_of(a)[1] for a in range(AIVS)), p.bn, self.topk
         scores = 4.0 * na * bn + (4.0 * bn if self.quantised else 0.0)
-        return prog.buffers() | {"ub": max(q.ub.depth * scores + 4.0 * na * bn + 8.0 * p.parts * na * K,
-                                           (q.m.depth + 1) * 8.0 * K)}
+        phase = self.vec_ub(na, q.ub.depth) if p.vec else (
+            q.ub.depth * scores + 4.0 * na * bn + 8.0 * p.parts * na * K)
+        return prog.buffers() | {"ub": max(phase, (q.m.depth + 1) * 8.0 * K)}
+
+    def vec_ub(self, na: int, depth: int) -> float:
+        """UB of the dav-c220 scoring phase (its InitBuffers): `depth` buffers of a head group's scores and weights,
+        the group sums, the block's sorted scores and indices, and the running top-k of `na` tokens. The kernel
+        walks one query block at a time, so one top-k is held; a paired unit's two parts (npusim's balance of the
+        causal triangle) are counted as the kernel holds them."""
+        g, bn = min(HEAD_GROUP, self.heads), self.block_n
+        return depth * 4.0 * (g * bn + g) + 4.0 * g * bn + 8.0 * bn + 8.0 * na * self.topk
+
+    @property
+    def cached(self) -> bool:
+        """The dav-c220 kernel's decode top-k path: a sequence has at most 4 query tokens (actS1Size) and at most
+        2048 are selected (ProcessVec)."""
+        return self.tokens <= 4 and self.topk <= 2048
 
     def tiles(self, qb: int, tb: int, full: int) -> int:
         """Key tiles query block qb needs (queries are the last `tokens` positions of `keys`)."""
@@ -238,9 +296,17 @@ class LightningIndexer(Kernel):
         per_key, fixed = topk_cycles(chip, self.topk)
         merge_key, _ = topk_cycles(chip, self.topk, presorted=True)
         rows = tb * H
-        step_cube = (2.0 * rows * bn * D / cube[self.dtype] + 2.0 * 16 * rows * bn / cube[SCORE_DT]) / (
-            clock * eff.cube)
-        step_vec = cdiv(tb, 2) * per_key * bn / (clock * eff.vector)
+        if self.vector_heads(chip):  # C1 and its fp32 per-head scores out; per AIV token: scores in, scale, top-k
+            fix = 4.0 * rows * bn / chip.aic.pipes["fixpipe"].bytes_per_cycle / clock
+            step_cube = max(2.0 * rows * bn * D / cube[self.dtype] / (clock * eff.cube), fix)
+            vf = chip.aiv.vector.flop_per_cycle["fp32"]
+            token = ((2.0 * H * bn / vf + block_topk_cycles(self.topk, bn, self.cached)) / (clock * eff.vector)
+                     + read_seconds(chip, 4.0 * H * bn, WS_HIT, "aiv"))
+            step_vec = cdiv(tb, 2) * token
+        else:
+            step_cube = (2.0 * rows * bn * D / cube[self.dtype] + 2.0 * 16 * rows * bn / cube[SCORE_DT]) / (
+                clock * eff.cube)
+            step_vec = cdiv(tb, 2) * per_key * bn / (clock * eff.vector)
         k_step, hit = nbytes(self.dtype, bn, D), 1 - 1 / nq
         n = min(units, cores)
         step_mem = max(read_seconds(chip, k_step, hit),
@@ -303,8 +369,11 @@ class LightningIndexer(Kernel):
         # there, else only by the query blocks in flight together
         loads = sum(self.tiles(b, p.tb, p.full) for b in range(p.nq))
         fits = nbytes(self.dtype, self.keys, self.dim) <= chip.l2.size / 2
+        per_key, fixed = topk_cycles(chip, self.topk)
+        if p.vec:  # the merges are paid per key block (select); a finished row is only extracted (GatherMask)
+            fixed = 8.0 * self.topk / chip.aiv.vector.repeat_bytes
         launch = Launch(self, p, q, 1 - p.full / loads if fits else 1 - 1 / min(p.nq, chip.aic.count),
-                        chip.aiv.vector.flop_per_cycle["fp32"], *topk_cycles(chip, self.topk),
+                        chip.aiv.vector.flop_per_cycle["fp32"], per_key, fixed,
                         topk_cycles(chip, self.topk, presorted=True)[0])
         bands = [launch.band(prog, blocks, C, bind) for blocks, C, bind in self.units(p)]
         if p.splits > 1:
@@ -313,7 +382,8 @@ class LightningIndexer(Kernel):
         return Trace(self.name, chip.name, self.shape, prog.groups(bands, chip.aic.count), w.cube_flops, w.hbm_bytes,
                      self.used(prog, q, p),
                      {"block_m": p.rows, "block_n": p.bn, "tokens_per_block": p.tb, "l0_chunk": (p.c_m, p.c_n, self.dim),
-                      "k_buffers": q.k.depth, "head_reduction": "cube (Mat-Duce)",
+                      "k_buffers": q.k.depth,
+                      "head_reduction": "vector (dav-c220 kernel)" if p.vec else "cube (Mat-Duce)",
                       "units": "paired causal" if p.paired else f"{p.splits} key ranges", "bands": len(bands),
                       "topk": "radix select" if chip.family == "950" else "VBS32+VMS4 sort/merge"} | prog.tiling(),
                      dtype=self.dtype)
@@ -394,6 +464,13 @@ class Launch:
         self.step_vars(c, C, paired, j)
         self.copy_in_k(c)
         n = self.p.nr * self.nj
+        if self.p.vec:  # C1 chunks straight out to the workspace; both AIVs' buffers taken and handed over at once
+            for g in range(n):
+                if g % self.nj == 0:
+                    self.load_l0(c, g // self.nj)
+                self.c1(c, g)
+                self.relu_out(c, g, slot)
+            return
         for g in range(n + LAG):
             if g < n:
                 if g % self.nj == 0:
@@ -415,6 +492,8 @@ class Launch:
                                        (Ref("q", (lin(("bi", T * H), ("qb0", rows), ("dq", part * rows)), 0),
                                             (rows, D), (lin(("bi", T * H), base=T * H), D)),), fe),
                  bytes=nbytes(dt, rows, D), dtype=dt, src="gm", dst="l1")
+            if self.p.vec:
+                continue
             c.op("mte2", "load_w", Act("headdiag", Ref("l1.w", (part * p.nr * 16, 0), (p.nr * 16, p.c_m)),
                                        (Ref("w", (lin(("bi", T), ("qb0", p.tb), ("dq", part * p.tb)), 0), (p.tb, H),
                                             (lin(("bi", T), base=T), H)),), SCORE_DT, (("tpc", p.tpc),)),
@@ -443,6 +522,8 @@ class Launch:
                                    (Ref("l1.q", (lin(("sel", self.p.rows), base=r * c_m), 0), (c_m, D)),), self.fe),
              bytes=nbytes(dt, c_m, D), dtype=dt, src="l1", dst="l0a")
         c.enque(q.qa)
+        if self.p.vec:
+            return
         c.alloc(q.wa)
         c.op("mte1", "load_w", Act("copy", Ref(f"l0a.w{r % 2}", (0, 0), (16, c_m)),
                                    (Ref("l1.w", (lin(("sel", nr * 16), base=r * 16), 0), (16, c_m)),), SCORE_DT),
@@ -489,6 +570,25 @@ class Launch:
              bytes=nbytes(SCORE_DT, c_m, c_n), dtype=SCORE_DT, src="l0c", dst="l1")
         c.free(self.q.s)
         c.enque(self.q.s1)
+
+    @stage
+    def relu_out(self, c: Code, g: int, slot: int) -> None:
+        """FIXPIPE: chunk g's ReLU(S) as fp32 to workspace slot `slot`, rows (token, head) as C1 made them (the
+        dav-c220 kernel's mm1ResGm); the first chunk takes the slot of each AIV that owns tokens, the last hands it
+        over (the AIVs' CrossCoreSetFlag of the previous use must both have come: the two run in lockstep)."""
+        p, (r, j) = self.p, divmod(g, self.nj)
+        lanes = [a for a in range(AIVS) if p.tokens_of(a)[1]]
+        c.deque(self.q.s)
+        if g == 0:
+            for a in lanes:
+                c.alloc(self.q.ws[slot], lane=a)
+        c.op("fixpipe", "scores_out", Act("fixpipe", Ref(f"ws.p{slot}", (r * p.c_m, j * p.c_n), (p.c_m, p.c_n)),
+                                          (Ref(f"l0c.s{g % 2}", (0, 0), (p.c_m, p.c_n)),), "fp32", (("relu", True),)),
+             bytes=4.0 * p.c_m * p.c_n, dtype="fp32", src="l0c", dst="gm", hit=WS_HIT)
+        c.free(self.q.s)
+        if g == p.nr * self.nj - 1:
+            for a in lanes:
+                c.enque(self.q.ws[slot], lane=a)
 
     @stage
     def c2(self, c: Code, g: int, slot: int) -> None:
@@ -545,8 +645,47 @@ class Launch:
 
     def aiv_step(self, v: Code, C: int, paired: bool, slot: int, j: Lin) -> None:
         self.step_vars(v, C, paired, j)
+        if self.p.vec:
+            self.head_sums(v, slot)
+            v.free(self.q.ws[slot])
+            return
         self.copy_in_scores(v, slot)
         self.select(v, slot)
+
+    @stage
+    def head_sums(self, v: Code, slot: int) -> None:
+        """The dav-c220 AIV (ProcessVec): token by token of its share, the per-head scores in groups of HEAD_GROUP
+        heads (MTE2, with the token's weights), each group weighted and summed into the token's row (Brcb, Mul, Add),
+        then the group's rows reduced (DoReduce) and the token's keys merged into its top-k (`select`), so the next
+        token's first groups load while this one sorts. The workspace slot is given back after the step's top-k
+        (the CrossCoreSetFlag follows ProcessVec)."""
+        li, p = self.li, self.p
+        f, n = p.tokens_of(v.aiv)
+        H, T, bn = li.heads, li.tokens, p.bn
+        g = min(HEAD_GROUP, H)
+        v.deque(self.q.ws[slot])
+        for t in range(n):
+            row = lin(("bi", T), ("qb", p.tb), base=f + t)
+            for h in range(0, H, g):
+                hg = min(g, H - h)
+                v.alloc(self.q.ub)
+                v.op("mte2", "load_scores", Act("load", Ref(f"ub.p{slot}", (0, 0), (hg, bn)),
+                                                (Ref(f"ws.p{slot}", ((f + t) * H + h, 0), (hg, bn)),), "fp32"),
+                     bytes=4.0 * hg * bn, dtype="fp32", src="gm", dst="ub", hit=WS_HIT)
+                v.op("mte2", "load_weights", Act("load", Ref(f"ub.w{slot}", (0, 0), (1, hg)),
+                                                 (Ref("w", (row, h), (1, hg), (lin(("bi", T), base=T), H)),), "fp32"),
+                     bytes=nbytes(SCORE_DT, 1, hg), dtype=SCORE_DT, src="gm", dst="ub")
+                v.enque(self.q.ub)
+                v.deque(self.q.ub)
+                acc = (Ref("ub.r", (t, 0), (1, bn)),) if h else ()
+                v.op("vector", "head_scale", Act("mmad", Ref("ub.r", (t, 0), (1, bn)),
+                                                 acc + (Ref(f"ub.w{slot}", (0, 0), (1, hg)),
+                                                        Ref(f"ub.p{slot}", (0, 0), (hg, bn))), "fp32",
+                                                 (("accumulate", bool(h)),)),
+                     flops=2.0 * hg * bn, bytes=4.0 * hg * bn, dtype="fp32", src="ub", dst="ub")
+                v.free(self.q.ub)
+            v.op("vector", "head_reduce", flops=(g - 1) * bn, bytes=4.0 * g * bn, dtype="fp32", src="ub", dst="ub")
+            self.select(v, slot, t, 1)
 
     @stage
     def topk_init(self, v: Code, part: int) -> None:
@@ -573,23 +712,32 @@ class Launch:
                  bytes=4.0 * bn, dtype="fp32", src="gm", dst="ub", hit=self.hit_k)
 
     @stage
-    def select(self, v: Code, slot: int) -> None:
-        """Vector: key scale and causal mask, then the step's keys merged into the running top-k of its part."""
+    def select(self, v: Code, slot: int, t: int = 0, nt: int = 0) -> None:
+        """Vector: key scale and causal mask, then the step's keys merged into the running top-k of its part; for
+        this AIV's tokens t .. t + nt (all of them by default). The merge acts on all of the AIV's rows once its
+        last token is scored (the state holds values, then indices, row by row), so a token's merge before that is
+        timed but carries no action."""
         li, p = self.li, self.p
         f, n = p.tokens_of(v.aiv)
+        nt = nt or n
         bn, K = p.bn, li.topk
         ks = (Ref(f"ub.ks{slot}", (0, 0), (1, bn)),) if li.quantised else ()
         kpos = lin(("kt", bn))
         ui = Ref("ub.i", (0, 0), (n, bn))
         top = Ref("ub.top", (lin(("sel", 2 * n)), 0), (2 * n, K))
-        v.deque(self.q.ub)
-        v.op("vector", "scores", Act("li_scores", ui, (Ref(f"ub.p{slot}", (0, 0), (n, bn)),) + ks, "fp32",
-                                     (("qpos", lin(("qb", p.tb), base=li.keys - li.tokens + f)), ("kpos", kpos),
+        src = Ref("ub.r", (t, 0), (nt, bn)) if p.vec else Ref(f"ub.p{slot}", (0, 0), (n, bn))
+        if not p.vec:
+            v.deque(self.q.ub)
+        v.op("vector", "scores", Act("li_scores", Ref("ub.i", (t, 0), (nt, bn)), (src,) + ks, "fp32",
+                                     (("qpos", lin(("qb", p.tb), base=li.keys - li.tokens + f + t)), ("kpos", kpos),
                                       ("keys", li.keys), ("causal", bool(li.causal)))),
-             flops=2.0 * n * bn, bytes=4.0 * n * bn, dtype="fp32", src="ub", dst="ub")
-        v.free(self.q.ub)
-        v.op("vector", "topk_merge", Act("topk_merge", top, (top, ui), "fp32", (("kpos", kpos),)),
-             flops=self.per_key * bn * n * self.vflops, bytes=4.0 * n * bn, dtype="fp32", src="ub", dst="ub")
+             flops=2.0 * nt * bn, bytes=4.0 * nt * bn, dtype="fp32", src="ub", dst="ub")
+        if not p.vec:
+            v.free(self.q.ub)
+        cycles = block_topk_cycles(K, bn, li.cached) if p.vec else self.per_key * bn
+        merge = Act("topk_merge", top, (top, ui), "fp32", (("kpos", kpos),)) if t + nt == n else None
+        v.op("vector", "topk_merge", merge, flops=cycles * nt * self.vflops, bytes=4.0 * nt * bn, dtype="fp32",
+             src="ub", dst="ub")
 
     @stage
     def copy_out_topk(self, v: Code, part: int) -> None:
