@@ -56,3 +56,19 @@ def test_schedule_bounds_and_determinism(spec):
     assert tl.makespan >= max(per_stream.values()) - 1e-12  # never faster than any one stream
     assert tl.makespan <= sum(t.duration for t in tasks) + 1e-9  # never slower than running everything in series
     assert tl.exposed("comm") <= tl.busy("comm") + 1e-12
+
+
+def test_partitions_side_by_side_share_hbm():
+    bw = {"hbm": 100.0}
+    alone = run_streams([Task("a", "s1", 1.5, units=16, flows=(("hbm", 90.0),))], CAP, bw)
+    assert alone.makespan == pytest.approx(1.5)  # alone: its own rate, its own duration
+    light = run_streams([Task("a", "s1", 1.0, units=16, flows=(("hbm", 60.0),)),
+                         Task("b", "s2", 1.0, units=8, flows=(("hbm", 30.0),))], CAP, bw)
+    assert light.makespan == pytest.approx(1.0)  # 60 + 30 B/s fit in 100: neither slows
+    heavy = run_streams([Task("a", "s1", 1.0, units=16, flows=(("hbm", 90.0),)),
+                         Task("b", "s2", 1.0, units=8, flows=(("hbm", 90.0),))], CAP, bw)
+    assert heavy.makespan >= 1.8 - 1e-9  # 180 bytes through 100 B/s at best
+    # shared per core: a's 16 cores take 2/3 (done at 90 / 66.7 = 1.35), then b alone at its own 90 B/s
+    assert [s.end for s in heavy.spans] == pytest.approx([1.35, 1.85])
+    with pytest.raises(NpusimError, match="unknown server"):
+        run_streams([Task("a", "s1", 1.0, flows=(("l2", 1.0),))], CAP, bw)

@@ -4,6 +4,12 @@ Each stream runs its tasks in order (like an NPU stream); a task also waits for 
 recorded on other streams). A task holds `units` of a resource while it runs: compute tasks hold AI cores (a kernel
 on all cores excludes any other kernel; two kernels on disjoint core partitions run side by side), collectives hold
 a link. Overlap of communication and computation is therefore computed from the schedule, not taken as a max().
+
+Kernels side by side on disjoint core partitions also share the chip's HBM and L2: a task may carry `flows`, the
+bytes it moves through named shared servers (fluid, max-min fair, engine/servers.py). Alone, a task moves them at
+the rate its own simulation found (bytes / duration, per AIC it holds) and lasts exactly its duration; beside
+another partition's kernel the two are served together, each core capped at its own rate, and a task ends when its
+bytes are through. Limit: a kernel's traffic is taken as steady over its duration (its bursts are not seen).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from typing import Iterable
 
 import simpy
 
+from npusim.engine.servers import FluidServer, Flow
 from npusim.errors import NpusimError
 
 
@@ -25,6 +32,7 @@ class Task:
     resource: str = "cores"  # "" for none
     units: int = 1
     category: str = "compute"  # compute | comm | launch
+    flows: tuple[tuple[str, float], ...] = ()  # (shared server, bytes) moved over the task's duration
 
 
 @dataclass(frozen=True)
@@ -63,8 +71,9 @@ class Timeline:
         return events
 
 
-def run_streams(tasks: Iterable[Task], capacity: dict[str, int]) -> Timeline:
-    """Simulate the tasks; `capacity` gives the units of each resource (e.g. {'cores': 24, 'link': 1})."""
+def run_streams(tasks: Iterable[Task], capacity: dict[str, int], servers: dict[str, float] | None = None) -> Timeline:
+    """Simulate the tasks; `capacity` gives the units of each resource (e.g. {'cores': 24, 'link': 1}), `servers`
+    the bandwidth (bytes/s) of each shared server the tasks' flows name."""
     tasks = list(tasks)
     names = [t.name for t in tasks]
     if len(set(names)) != len(names):
@@ -74,10 +83,14 @@ def run_streams(tasks: Iterable[Task], capacity: dict[str, int]) -> Timeline:
         missing = [a for a in t.after if a not in known]
         if missing:
             raise NpusimError(f"task '{t.name}' waits for unknown task(s) {missing}")
+        unknown = [name for name, _ in t.flows if name not in (servers or {})]
+        if unknown:
+            raise NpusimError(f"task '{t.name}' moves bytes through unknown server(s) {unknown}")
         if t.resource and t.units > capacity.get(t.resource, 0):
             raise NpusimError(f"task '{t.name}' needs {t.units} {t.resource} but only {capacity.get(t.resource, 0)} exist")
     env = simpy.Environment()
     pools = {r: simpy.Container(env, capacity=c, init=c) for r, c in capacity.items()}
+    shared = {name: FluidServer(env, name, bw) for name, bw in (servers or {}).items()}
     done = {t.name: env.event() for t in tasks}
     spans: dict[str, Span] = {}
 
@@ -88,7 +101,11 @@ def run_streams(tasks: Iterable[Task], capacity: dict[str, int]) -> Timeline:
             if t.resource:
                 yield pools[t.resource].get(t.units)
             start = env.now
-            yield env.timeout(t.duration)
+            moving = [(shared[name], size) for name, size in t.flows if size > 0.0 and t.duration > 0.0]
+            if moving:
+                yield simpy.AllOf(env, [_flow(env, server, i, size, t) for i, (server, size) in enumerate(moving)])
+            else:
+                yield env.timeout(t.duration)
             if t.resource:
                 yield pools[t.resource].put(t.units)
             spans[t.name] = Span(t, start, env.now)
@@ -104,6 +121,14 @@ def run_streams(tasks: Iterable[Task], capacity: dict[str, int]) -> Timeline:
         stuck = [t.name for t in tasks if t.name not in spans]
         raise NpusimError(f"the stream schedule deadlocks: {stuck[:5]} never start (a cycle of waits)")
     return Timeline(tuple(spans[n] for n in names))
+
+
+def _flow(env: simpy.Environment, server: FluidServer, owner: int, size: float, task: Task) -> simpy.Event:
+    """The task's bytes through one server: `units` equal flows (one per core held) at the task's own rate."""
+    event = env.event()
+    weight = max(1, task.units)
+    server.start(Flow(owner, size / weight, size / weight / task.duration, weight, event.succeed))
+    return event
 
 
 def _union(intervals) -> list[tuple[float, float]]:

@@ -8,7 +8,8 @@ same name (KERNEL_OF lists the exceptions).
 
 How the step runs an op (`OpRun`) acts on the mechanism it names: the plan's kernel options become the kernel's
 tiling; a buffering depth is the depth of the kernel's double-buffered queues (npusim.kernels.program); a core
-partition simulates the kernel on that many cores with their share of HBM and L2; a fused group's intermediates are
+partition simulates the kernel on that many cores, drawing on the chip's HBM and L2 at their DMA rates (the step
+shares those servers between partitions running side by side); a fused group's intermediates are
 read from / written to L2 instead of HBM.
 """
 
@@ -193,8 +194,11 @@ def op_time(op: Op, chip: Chip, run: OpRun | str = "graph") -> OpTime:
 
 
 def partition(chip: Chip, aic: int) -> Chip:
-    """The chip as a kernel on a partition of `aic` cube cores sees it: that many AIC with their AIVs, and the same
-    share of HBM and L2 bandwidth (the other partition's stream contends for them). 0 = the whole chip."""
+    """The chip as a kernel on a partition of `aic` cube cores sees it: that many AIC with their AIVs, and the
+    chip's whole HBM and L2, which the partition's cores draw on at their own DMA rates (hbm>l1: one core cannot
+    stream HBM at its fair share of the chip's bandwidth times the core count, so a few cores saturate less of it).
+    What the other partition's kernels take meanwhile is the step's business: the two share the chip's servers
+    while they run side by side (engine/streams.py). 0 = the whole chip."""
     if not aic or aic == chip.aic.count:
         return chip
     if not 0 < aic < chip.aic.count:
@@ -202,9 +206,7 @@ def partition(chip: Chip, aic: int) -> Chip:
                           f"{chip.aic.count})", field="streams.attention_cores")
     share = aic / chip.aic.count
     r = dataclasses.replace
-    return r(chip, aic=r(chip.aic, count=aic), aiv=r(chip.aiv, count=round(chip.aiv.count * share)),
-             hbm=r(chip.hbm, bandwidth=chip.hbm.bandwidth * share),
-             l2=r(chip.l2, read_bandwidth=chip.l2.read_bandwidth * share))
+    return r(chip, aic=r(chip.aic, count=aic), aiv=r(chip.aiv, count=round(chip.aiv.count * share)))
 
 
 # The GM tensor holding each kernel's activation input (what a fused group's previous member produced).

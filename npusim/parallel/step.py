@@ -9,8 +9,9 @@ interleaved so that one microbatch's collectives overlap the other's kernels.
 
 Plan switches act here on the schedule: fused groups run back to back with one launch and their intermediates on
 chip (fusion.py); with `streams.attention_cores` the attention ops run on an `attn` stream holding that many cores
-and the FFN/MoE ops on an `ffn` stream holding the rest, each kernel simulated on its partition, so one microbatch's
-attention overlaps the other's MoE; with KV offload, a `host` stream gathers the selected cache rows before attention.
+and the FFN/MoE ops on an `ffn` stream holding the rest, so one microbatch's attention overlaps the other's MoE (and
+its dispatch / combine the other's compute): each kernel is simulated on its partition's cores at their own DMA rates,
+and kernels running side by side share the chip's HBM and L2 as fluid servers (engine/streams.py); with KV offload, a `host` stream gathers the selected cache rows before attention.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from npusim.parallel.optime import ATTENTION, Activity, OpRun, OpTime, kernel_na
 from npusim.parallel.shard import SIDE_STREAM_OPS, RankLayer, RankStep, scale_op
 from npusim.spec.plan import Plan, Streams
 from npusim.spec.system import System
+
+HEAD_START = "final_norm"  # the op where a layer's head (final norm, LM head) begins
 
 
 @dataclass(frozen=True)
@@ -116,94 +119,154 @@ class Partition:
     split: int  # op index where the FFN/MoE stream starts (len(ops): no split)
     attn_cores: int  # AIC of the attention partition (0: whole chip for everything)
     total: int
+    head: int  # op index where the layer's head starts: it runs on the whole chip
 
     def of(self, index: int) -> tuple[str, int]:
         """(stream, AIC) of the op at `index`: AIC 0 in a kernel run means the whole chip."""
-        if not self.attn_cores:
+        if not self.attn_cores or index >= self.head:
             return "compute", 0
         return ("attn", self.attn_cores) if index < self.split else ("ffn", self.total - self.attn_cores)
 
 
 def _partition(names: list[str], streams: Streams, total: int) -> Partition:
     n = streams.attention_cores
+    head = names.index(HEAD_START) if HEAD_START in names else len(names)
     if not n or "ffn_norm" not in names:
-        return Partition(len(names), 0, total)
-    return Partition(names.index("ffn_norm"), n, total)
+        return Partition(len(names), 0, total, head)
+    return Partition(names.index("ffn_norm"), n, total, head)
+
+
+def _split_head(layer: RankLayer) -> tuple[RankLayer, RankLayer]:
+    """The layer's body and its head (final norm onward: the LM head of the MTP layer, or the whole lm_head layer)
+    with the collectives that follow their ops."""
+    names = [o.name for o in layer.ops]
+    h = names.index(HEAD_START) if HEAD_START in names else len(names)
+    head_ops = set(names[h:])
+
+    def part(ops, comms):
+        return RankLayer(layer.name, tuple(ops), tuple(comms), layer.repeat, layer.host_bytes if ops else 0.0)
+
+    return (part(layer.ops[:h], [c for c in layer.comms if c.after not in head_ops]),
+            part(layer.ops[h:], [c for c in layer.comms if c.after in head_ops]))
+
+
+@dataclass
+class _Schedule:
+    """The tasks of one layer being built, with the op and collective times each counts (times its multiplicity)."""
+
+    tasks: list[Task]
+    ops: list[tuple[OpTime, int]]
+    comms: list[tuple[str, CommResult, int]]
 
 
 def layer_time(layer: RankLayer, plan: Plan, system: System, streams: Streams | None = None) -> LayerTime:
-    """One layer on the phase's `streams` (None: the plan-level ones)."""
+    """One layer on the phase's `streams` (None: the plan-level ones).
+
+    With two microbatches the layer's body runs twice at half the tokens; its head (final norm and LM head) runs once
+    on the whole batch after both, on all cores, as the frameworks merge the microbatches before the logits: split, it
+    would only read the vocabulary's weights twice. A layer with no collective to hide and no core split (the
+    embedding, the LM head) has nothing to overlap and runs whole."""
     chip = system.chip_spec
     streams = streams or plan.streams
-    launch = "graph" if streams.graph_mode else "eager"
-    micro = 2 if streams.two_microbatch else 1
     layer = _with_topk(layer, plan)
-    parts = [_halve(layer)] * micro if micro == 2 else [layer]
-    comm_stream = "comm" if streams.comm_overlap else "compute"
-    tasks: list[Task] = []
-    op_times: list[OpTime] = []
-    comm_times: list[tuple[str, CommResult]] = []
     names = [o.name for o in layer.ops]
-    fused = placements(names, plan.fusion)
     cores = _partition(names, streams, chip.aic.count)
-    # two microbatches over repeated layers: a second copy of the layer shows the steady state, where one
-    # microbatch's tail (MoE) overlaps the next layer's head (attention) of the other
-    copies = 2 if micro > 1 and layer.repeat > 1 else 1
-    for copy, mb, part in ((c, m, p) for c in range(copies) for m, p in enumerate(parts)):
-        tag = f"mb{mb}{'L1' if copy else ''}." if micro > 1 else ""
-        feeds = {c.before: [] for c in part.comms}
-        for c in part.comms:
-            feeds[c.before].append(tag + c.name)
-        comm_after = {}
-        for c in part.comms:
-            comm_after.setdefault(c.after, []).append(c)
-        prev_compute = f"mb{mb}.layer_end" if copy else None
-        for i, op in enumerate(part.ops):
-            place = fused.get(op.name, Placement())
-            stream, aic = cores.of(i)
-            t = op_time(op, chip, OpRun(launch if place.first else "none", plan.kernels.get(kernel_name(op)), aic,
-                                        place.input_on_chip, place.output_on_chip))
-            if mb == 0 and copy == 0:
-                op_times.append(t)
-            side = streams.shared_expert_side_stream and op.name in SIDE_STREAM_OPS
-            stream = "side" if side else stream
-            after = list(feeds.get(op.name, ()))
-            if prev_compute and not side:
-                after.append(prev_compute)
-            if side and op.name == SIDE_STREAM_OPS[0]:
-                after.append(tag + names[names.index(op.name) - 1 - _gate_offset(names, op.name)])
-            if part.host_bytes and op.kind in ATTENTION:
-                tasks.append(Task(tag + "kv_offload_gather", "host", part.host_bytes / system.host_link,
-                                  (prev_compute,) if prev_compute else (), resource="host", units=1, category="comm"))
-                after.append(tag + "kv_offload_gather")
-            tasks.append(Task(tag + op.name, stream, t.time, tuple(after), resource="cores",
-                              units=aic or chip.aic.count))
-            if not side:
-                prev_compute = tag + op.name
-            for c in comm_after.get(op.name, ()):
-                r = collective_time(c.collective, system)
-                if mb == 0 and copy == 0:
-                    comm_times.append((c.name, r))
-                # gating fused into the dispatch: tokens leave as their routing is computed, from the gate's start
-                src = op.name if not (c.after == "moe_gate" and "moe_gate" in fused) else names[i - 1]
-                tasks.append(Task(tag + c.name, comm_stream, r.time, (tag + src,), resource="link", units=1,
-                                  category="comm"))
-        # the layer ends when everything of the microbatch has finished (side stream and trailing collectives)
-        ends = [t.name for t in tasks if t.name.startswith(tag) and t.name != prev_compute]
-        tasks.append(Task(tag + "layer_end", "compute", 0.0, tuple(ends), resource=""))
-    tasks = _interleave(tasks, micro)
+    body, head = _split_head(layer)
+    micro = 2 if streams.two_microbatch and body.ops and (body.comms or cores.attn_cores) else 1
+    sched = _Schedule([], [], [])
+    if micro == 1:
+        _add_part(sched, layer, "", None, 0, 1, plan, system, streams, cores)
+    else:
+        # over repeated layers a second copy of the layer shows the steady state, where one microbatch's tail (MoE)
+        # overlaps the next layer's head (attention) of the other; a layer with a head is not repeated
+        copies = 2 if layer.repeat > 1 and not head.ops else 1
+        half = _halve(body)
+        for copy, mb in ((c, m) for c in range(copies) for m in range(2)):
+            tag = f"mb{mb}{'L1' if copy else ''}."
+            _add_part(sched, half, tag, f"mb{mb}.layer_end" if copy else None, 0, 2 if copy == 0 and mb == 0 else 0,
+                      plan, system, streams, cores)
+        if head.ops:
+            _add_part(sched, head, "head.", None, len(body.ops), 1, plan, system, streams, cores,
+                      ("mb0.layer_end", "mb1.layer_end"))
+    tasks = _interleave(sched.tasks, micro, bool(cores.attn_cores))
     capacity = {"cores": chip.aic.count, "link": 1, "host": 1}
-    tl = run_streams([t for t in tasks if "L1." not in t.name], capacity)
+    servers = _servers(chip)
+    tl = run_streams([t for t in tasks if "L1." not in t.name], capacity, servers)
     time = tl.makespan
-    if copies == 2:  # first layer as simulated, the others at the steady-state increment
-        steady = run_streams(tasks, capacity).makespan - time
+    if any("L1." in t.name for t in tasks):  # first layer as simulated, the others at the steady-state increment
+        steady = run_streams(tasks, capacity, servers).makespan - time
         time = (time + (layer.repeat - 1) * steady) / layer.repeat
-    compute = tl.busy("compute")
-    comm = sum(r.time for _, r in comm_times) * micro
-    activity = add_activity((t.activity or Activity(), micro) for t in op_times)
+    activity = add_activity((t.activity or Activity(), n) for t, n in sched.ops)
+    comm = sum(r.time * n for _, r, n in sched.comms)
     link_bytes = sum(c.collective.bytes for c in layer.comms)
-    return LayerTime(layer.name, layer.repeat, time, compute, comm, tl.exposed("comm"), tuple(op_times),
-                     tuple(comm_times), tl, activity, link_bytes, layer.host_bytes)
+    return LayerTime(layer.name, layer.repeat, time, tl.busy("compute"), comm, tl.exposed("comm"),
+                     tuple(t for t, _ in sched.ops), tuple((name, r) for name, r, _ in sched.comms), tl, activity,
+                     link_bytes, layer.host_bytes)
+
+
+def _add_part(sched: _Schedule, part: RankLayer, tag: str, prev: str | None, offset: int, count: int, plan: Plan,
+              system: System, streams: Streams, cores: Partition, after_all: tuple[str, ...] = ()) -> None:
+    """Tasks of one run of `part` (a layer, a microbatch's half of it, or its head), ending in `tag`layer_end.
+    `prev`: the task its first kernel waits for; `offset`: the index of its first op in the layer (for the core
+    partition); `count`: how many times its op and collective times count in the layer's totals (0: a repeat of a
+    run already counted); `after_all`: tasks every one of its kernels waits for."""
+    chip = system.chip_spec
+    launch = "graph" if streams.graph_mode else "eager"
+    comm_stream = "comm" if streams.comm_overlap else "compute"
+    names = [o.name for o in part.ops]
+    fused = placements(names, plan.fusion)
+    feeds: dict[str, list[str]] = {}
+    comm_after: dict[str, list] = {}
+    for c in part.comms:
+        feeds.setdefault(c.before, []).append(tag + c.name)
+        comm_after.setdefault(c.after, []).append(c)
+    first = len(sched.tasks)
+    for i, op in enumerate(part.ops):
+        place = fused.get(op.name, Placement())
+        stream, aic = cores.of(offset + i)
+        t = op_time(op, chip, OpRun(launch if place.first else "none", plan.kernels.get(kernel_name(op)), aic,
+                                    place.input_on_chip, place.output_on_chip))
+        if count:
+            sched.ops.append((t, count))
+        side = streams.shared_expert_side_stream and op.name in SIDE_STREAM_OPS
+        stream = "side" if side else stream
+        after = list(feeds.get(op.name, ())) + list(after_all)
+        if prev and not side:
+            after.append(prev)
+        if side and op.name == SIDE_STREAM_OPS[0]:
+            after.append(tag + names[names.index(op.name) - 1 - _gate_offset(names, op.name)])
+        if part.host_bytes and op.kind in ATTENTION:
+            sched.tasks.append(Task(tag + "kv_offload_gather", "host", part.host_bytes / system.host_link,
+                                    (prev,) if prev else (), resource="host", units=1, category="comm"))
+            after.append(tag + "kv_offload_gather")
+        sched.tasks.append(Task(tag + op.name, stream, t.time, tuple(after), resource="cores",
+                                units=aic or chip.aic.count, flows=_traffic(t) if cores.attn_cores else ()))
+        if not side:
+            prev = tag + op.name
+        for c in comm_after.get(op.name, ()):
+            r = collective_time(c.collective, system)
+            if count:
+                sched.comms.append((c.name, r, count))
+            # gating fused into the dispatch: tokens leave as their routing is computed, from the gate's start
+            src = op.name if not (c.after == "moe_gate" and "moe_gate" in fused) else names[i - 1]
+            sched.tasks.append(Task(tag + c.name, comm_stream, r.time, (tag + src,), resource="link", units=1,
+                                    category="comm"))
+    # the part ends when everything of it has finished (side stream and trailing collectives)
+    ends = [t.name for t in sched.tasks[first:] if t.name != prev]
+    sched.tasks.append(Task(tag + "layer_end", "compute", 0.0, tuple(ends), resource=""))
+
+
+def _traffic(t: OpTime) -> tuple[tuple[str, float], ...]:
+    """What a kernel on a core partition moves through the chip's shared servers while it runs."""
+    a = t.activity or Activity()
+    return (("hbm", a.hbm_bytes), ("l2", a.l2_bytes))
+
+
+def _servers(chip) -> dict[str, float]:
+    """The chip's HBM and L2 (reads and writes together) as the kernels of two partitions share them, at the
+    efficiencies the engine serves them with."""
+    eff = chip.efficiency
+    return {"hbm": chip.hbm.bandwidth * eff.hbm, "l2": (chip.l2.read_bandwidth + chip.l2.write_bandwidth) * eff.l2}
 
 
 def _gate_offset(names: list[str], first_side: str) -> int:
@@ -213,11 +276,22 @@ def _gate_offset(names: list[str], first_side: str) -> int:
     return i - gate if gate < i else 0
 
 
-def _interleave(tasks: list[Task], micro: int) -> list[Task]:
-    """Two-microbatch order on the compute stream: a segment of mb0, the same segment of mb1, and so on."""
+def _interleave(tasks: list[Task], micro: int, partitioned: bool = False) -> list[Task]:
+    """Two-microbatch order on each stream. On one set of cores: a segment (ops between collectives) of mb0, the
+    same segment of mb1, and so on, so that one microbatch's collective runs under the other's kernels. On core
+    partitions each stream takes the microbatches whole, one after the other (attention of mb0 then mb1 on its cores,
+    the MoE path of mb0 then mb1 on the others, their collectives likewise), so that mb0's MoE never waits in line
+    behind mb1's, which waits for mb1's attention on the other partition. The merged head comes last."""
     if micro == 1:
         return tasks
-    return sorted(tasks, key=lambda t: ("L1." in t.name, _segment(t, tasks), t.name.split(".", 1)[0]))
+
+    def run(t: Task) -> tuple[bool, str]:
+        prefix = t.name.split(".", 1)[0]
+        return prefix == "head", prefix
+
+    if partitioned:
+        return sorted(tasks, key=lambda t: ("L1." in t.name, run(t)))
+    return sorted(tasks, key=lambda t: ("L1." in t.name, run(t)[0], _segment(t, tasks), run(t)[1]))
 
 
 def _segment(task: Task, tasks: list[Task]) -> int:
