@@ -320,3 +320,23 @@ def test_mhc_pre_honours_hc_eps_and_norm_eps():
     assert np.abs(F.mhc_pre(x, fn, scale, base, 20, 0.01)[2] - F.mhc_pre(x, fn, scale, base)[2]).max() > 1e-3
     assert np.allclose(F.mhc_pre(x, fn, scale, base, norm_eps=10.0)[1], R.mhc_pre(x, fn, scale, base, norm_eps=10.0)[1],
                        atol=1e-6)
+
+
+def test_kernel_verify_reports_shape_tolerance_error_and_verdict(monkeypatch, capsys):
+    """`npusim kernel verify NAME` prints per check the shape that ran (given keys and defaults), the tolerance of
+    its result format, the measured errors, the index outputs' exactness and PASS / FAIL; exit 1 when one fails."""
+    import json
+
+    from npusim.cli.main import main
+    from npusim.functional import verify
+
+    main(["kernel", "verify", "moe_gate", "--shape", "m=5", "--format", "json"])
+    rows = json.loads(capsys.readouterr().out)
+    rows = rows["rows"] if isinstance(rows, dict) else rows
+    assert [r["result"] for r in rows] == ["PASS"] * 3 and all(r["exact"] is True for r in rows)
+    assert rows[0]["shape"].startswith("m=5,k=512,n=64") and rows[0]["tolerance"] == pytest.approx(2.0 ** -7, rel=1e-3)
+    assert rows[1]["tolerance"] == pytest.approx(2.0 ** -20, rel=1e-3) and rows[0]["max_rel"] < rows[0]["tolerance"]
+    monkeypatch.setitem(verify.TOLERANCE, "bf16", 1e-12)
+    with pytest.raises(SystemExit) as stop:
+        main(["kernel", "verify", "rope"])
+    assert stop.value.code == 1 and "FAIL" in capsys.readouterr().out

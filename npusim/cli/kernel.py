@@ -6,6 +6,8 @@ subcommand, e.g. the engine's `kernel sim`.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pandas as pd
 
@@ -51,7 +53,8 @@ def register(sub) -> None:
     sp = ks.add_parser("show", help="tiling, buffer use vs capacity, instructions per pipe, FLOPs, bytes, roofline")
     add_kernel_args(sp)
     sp.set_defaults(run=run_show)
-    vp = ks.add_parser("verify", help="traced execution vs float64 reference: max abs / rel error per dtype scheme")
+    vp = ks.add_parser("verify", help="traced execution vs float64 reference: per dtype scheme the shape, tolerance, "
+                                      "max abs / rel error and PASS / FAIL (exit 1 on FAIL)")
     add_kernel_args(vp, hw=False)
     vp.add_argument("--seed", type=int, default=0)
     vp.set_defaults(run=run_verify)
@@ -93,9 +96,17 @@ def run_show(args) -> None:
 
 
 def run_verify(args) -> None:
-    from npusim.functional.verify import VERIFY
+    from npusim.functional.verify import VERIFY, Used
 
     if args.name not in VERIFY:
-        raise NpusimError(f"kernel '{args.name}' has no functional check yet; checked: {', '.join(sorted(VERIFY))}")
-    errs = VERIFY[args.name]({k: int(v) for k, v in parse_shape(args.shape).items()}, np.random.default_rng(args.seed))
-    emit(pd.DataFrame([e.__dict__ for e in errs]), args.format, title=f"{args.name}: traced execution vs float64")
+        raise NpusimError(f"kernel '{args.name}' has no functional check yet; checked: "
+                          f"{', '.join(sorted(VERIFY))}")
+    shape = Used({k: int(v) for k, v in parse_shape(args.shape).items()})
+    errs = VERIFY[args.name](shape, np.random.default_rng(args.seed))
+    dims = ",".join(f"{k}={v}" for k, v in shape.used.items())
+    rows = [{"shape": dims, "scheme": e.scheme, "tolerance": e.tolerance, "max_abs": e.max_abs, "max_rel": e.max_rel,
+             "exact": e.exact, "result": "PASS" if e.passed else "FAIL"} for e in errs]
+    emit(pd.DataFrame(rows), args.format, title=f"{args.name}: traced execution vs float64 (max_rel <= tolerance, "
+                                                f"index outputs exact)")
+    if not all(e.passed for e in errs):
+        sys.exit(1)

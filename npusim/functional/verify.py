@@ -13,18 +13,54 @@ from npusim.functional.numerics import INDEX_QUANT, quantize, rnd
 from npusim.functional.rotary import DEEPSEEK_V32, mla_softmax_scale
 
 
+# Tolerance of a check by the format of its result (max abs error / max |reference|): about one unit in the last
+# place of the format's mantissa (bf16 8 bits -> 2^-7, as a sum of products rounds once more), the quantised formats
+# one step of their element (fp8 e4m3 2^-3, fp4 e2m1 2^-1, int8 2^-5), fp32 results 2^-20.
+TOLERANCE = {"fp32": 2.0 ** -20, "fp16": 2.0 ** -9, "bf16": 2.0 ** -7, "int8": 2.0 ** -5, "fp8": 2.0 ** -3,
+             "fp8amax": 2.0 ** -3, "mxfp8": 2.0 ** -3, "mxfp4": 2.0 ** -1}
+
+
+def tolerance_of(scheme: str) -> float:
+    """The tolerance of the first format named in a check's scheme label ('sigmoid top2 bf16' -> bf16)."""
+    fmt = next((w for w in scheme.split() if w in TOLERANCE), None)
+    if fmt is None:
+        raise ValueError(f"check '{scheme}' names no result format of {', '.join(TOLERANCE)}")
+    return TOLERANCE[fmt]
+
+
 @dataclass(frozen=True)
 class Error:
     scheme: str
     max_abs: float
     max_rel: float  # max abs error / max |reference|
-    exact: bool | None = None  # index outputs: equal sets
+    exact: bool | None = None  # index outputs (top-k sets, routed experts, scales): equal; None where there are none
+    tolerance: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.max_rel <= self.tolerance and self.exact is not False
 
 
-def _err(scheme: str, out: np.ndarray, ref: np.ndarray, exact: bool | None = None) -> Error:
+def _err(scheme: str, out: np.ndarray, ref: np.ndarray, exact: bool | None = None,
+         tolerance: float | None = None) -> Error:
     ok = np.isfinite(ref)
     diff = float(np.abs(out[ok] - ref[ok]).max()) if ok.any() else 0.0
-    return Error(scheme, diff, diff / max(float(np.abs(ref[ok]).max()) if ok.any() else 1.0, 1e-30), exact)
+    return Error(scheme, diff, diff / max(float(np.abs(ref[ok]).max()) if ok.any() else 1.0, 1e-30), exact,
+                 tolerance_of(scheme) if tolerance is None else tolerance)
+
+
+class Used(dict):
+    """A shape dict that records every key a check reads with the value it used (its default when not given), so
+    the report shows the shape that ran."""
+
+    def __init__(self, given: dict):
+        super().__init__(given)
+        self.used: dict = {}
+
+    def get(self, key, default=None):
+        val = super().get(key, default)
+        self.used[key] = val
+        return val
 
 
 def verify_gemm(shape: dict, rng: np.random.Generator, schemes=("bf16", "fp16", "int8")) -> list[Error]:
