@@ -11,8 +11,9 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from npusim.errors import NpusimError
+from npusim.errors import NpusimError, did_you_mean
 from npusim.graph import accounting
+from npusim.kernels.catalog import names as kernel_names
 from npusim.parallel.collectives import Collective, collective_time
 from npusim.parallel.memory import memory, require_fit
 from npusim.parallel.shard import shard
@@ -22,6 +23,7 @@ from npusim.results.prediction import Prediction
 from npusim.spec.model import ModelConfig, load_model
 from npusim.spec.plan import Plan, load_plan
 from npusim.spec.quant import QuantScheme, get_quant
+from npusim.spec.schema import setting
 from npusim.spec.system import System, load_system
 
 # The bundled default: DeepSeek-V3.2-Exp BF16 at 128K on CloudMatrix384 with the A17 plans (published.md A17).
@@ -33,6 +35,7 @@ def split_overrides(overrides: dict[str, str] | None) -> dict[str, dict[str, str
     """Route `--set` keys by prefix: plan.*, model.*, and everything else to the hardware (system, then chip)."""
     out = {"hw": {}, "plan": {}, "model": {}}
     for key, value in (overrides or {}).items():
+        value = setting(value, "--set", key)  # errors name the key as written, prefix included
         head, _, rest = key.partition(".")
         if head in ("plan", "model") and rest:
             out[head][rest] = value
@@ -56,11 +59,24 @@ def load_setup(hw: str = DEFAULT["hw"], model: str = DEFAULT["model"], plan: str
     """Load the named system, model, plan and quantisation (None: the model's own) and refuse a plan that does not
     divide the model or fit the system."""
     routed = split_overrides(overrides)
-    system = load_system(hw, routed["hw"])
-    cfg = load_model(model, routed["model"])
-    pl = load_plan(plan, routed["plan"])
+    system = _by_name("--hw", load_system, hw, routed["hw"])
+    cfg = _by_name("--model", load_model, model, routed["model"])
+    pl = _by_name("--plan", load_plan, plan, routed["plan"])
     _check_plan(cfg, pl, system)
     return Setup(system, cfg, pl, get_quant(quant or cfg.default_quant))
+
+
+def _by_name(option: str, load, name, overrides):
+    """A spec loaded by the name given as `option`; a name that is not a text or finds nothing is refused as that
+    option (which a scenario, baseline or sweep file then names as its own field)."""
+    if not isinstance(name, str):
+        raise NpusimError(f"must be a name, got {name!r}", field=option)
+    try:
+        return load(name, overrides)
+    except NpusimError as exc:
+        if exc.file is None and exc.field is None:
+            raise NpusimError(exc.detail, field=option) from None
+        raise
 
 
 def predict(hw: str = DEFAULT["hw"], model: str = DEFAULT["model"], plan: str = DEFAULT["plan"], *,
@@ -79,6 +95,10 @@ def predict(hw: str = DEFAULT["hw"], model: str = DEFAULT["model"], plan: str = 
     ctx = context if context is not None else input + output // 2
     if ctx < 1:
         raise NpusimError(f"must be a positive whole number, got {ctx}", field="--context")
+    for name, tokens in (("--input", input), ("--context", ctx)):
+        if tokens > cfg.max_position_embeddings:
+            raise NpusimError(f"{tokens} tokens exceed {cfg.name}'s max_position_embeddings "
+                              f"({cfg.max_position_embeddings})", field=name)
     steps, mems = {}, {}
     phases = (("prefill", prefill_batch, input),) if pl.runs_prefill else ()
     for phase, b, length in phases + (("decode", batch, ctx),):
@@ -135,6 +155,19 @@ def chained(steps: list[StepTime]) -> StepTime:
 def _check_plan(cfg: ModelConfig, pl: Plan, system: System) -> None:
     """Refuse a plan that does not divide the model or does not fit the system."""
     where = pl.provenance.file
+    for name in pl.kernels:
+        if name not in kernel_names():
+            raise NpusimError("is not a kernel" + did_you_mean(name, kernel_names()),
+                              **pl.provenance.where(f"kernels.{name}"))
+    for role in ("prefill", "decode"):
+        inst = getattr(pl, role)
+        own = inst is not None and inst.streams is not None
+        cores = (inst.streams if own else pl.streams).attention_cores
+        if cores and cores >= system.chip_spec.aic.count:
+            raise NpusimError(f"{cores} AIC must leave cores for the FFN/MoE stream ({system.chip_spec.name} has "
+                              f"{system.chip_spec.aic.count}; 0 runs every kernel on all cores)",
+                              **pl.provenance.where(f"{role}.streams.attention_cores" if own
+                                                    else "streams.attention_cores"))
     for role in ("prefill", "decode"):
         inst = getattr(pl, role)
         if inst is None:

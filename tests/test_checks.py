@@ -46,9 +46,9 @@ def test_hardware_change_drifts_until_update(cli, tree):
 
 @pytest.mark.parametrize("body, needle", [
     ("scenarios: {}\n", "field 'scenarios'"),
-    ("scenarios:\n  a: {run: {hw: cloudmatrix384, speed: 3}}\n", "unknown argument 'speed'"),
+    ("scenarios:\n  a: {run: {hw: cloudmatrix384, speed: 3}}\n", "field 'scenarios.a.run.speed'"),
     ("scenarios:\n  a: {run: {hw: cloudmatrix384}, expect: {latency: 1}}\n", "unknown metric 'latency'"),
-    ("tolerance: {tpot_s: fast}\nscenarios:\n  a: {run: {hw: cloudmatrix384}}\n", "field 'tolerance'"),
+    ("tolerance: {tpot_s: fast}\nscenarios:\n  a: {run: {hw: cloudmatrix384}}\n", "field 'tolerance.tpot_s'"),
 ])
 def test_bad_baseline_is_one_sentence(cli, tmp_path, body, needle):
     f = tmp_path / "b.yaml"

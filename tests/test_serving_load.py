@@ -52,7 +52,7 @@ def test_a_malformed_trace_names_the_file_and_line(tmp_path, name, text, line, w
 
 
 def test_missing_or_empty_trace_files(tmp_path):
-    with pytest.raises(NpusimError, match="cannot read the trace"):
+    with pytest.raises(NpusimError, match="cannot read the file"):
         read_trace(tmp_path / "absent.csv")
     with pytest.raises(NpusimError, match="no requests"):
         read_trace(write(tmp_path, "empty.csv", "arrival,input,output\n"))

@@ -93,7 +93,7 @@ def test_cli_sweep_file(cli, tmp_path):
 
 @pytest.mark.parametrize("body, needle", [
     ("name: s\ngrid: {batch: 64}\n", "field 'grid'"),
-    ("name: s\ngrid: {batch: [x]}\n", "field 'batch'"),
+    ("name: s\ngrid: {batch: [x]}\n", "field 'grid.batch'"),
     ("name: s\nsweep: {}\n", "unknown key 'sweep'"),
     ("name: s\nlist: [1, 2]\n", "field 'list'"),
 ])

@@ -6,15 +6,16 @@ is rewritten knowingly with `--update`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from npusim import api
-from npusim.errors import NpusimError
+from npusim.errors import NpusimError, as_written, did_you_mean, option
 from npusim.results.prediction import Prediction
-from npusim.spec.schema import read_yaml
+from npusim.spec.schema import read_yaml, setting
 
 METRICS = {  # recorded name -> how it is read from a prediction
     "ttft_s": lambda p: p.ttft,
@@ -25,6 +26,7 @@ METRICS = {  # recorded name -> how it is read from a prediction
 }
 DEFAULT_TOLERANCE = 1e-3  # relative; predictions are deterministic, so any real change shows
 RUN_KEYS = ("hw", "model", "plan", "input", "output", "batch", "prefill_batch", "context", "quant")
+COUNT_KEYS = ("input", "output", "batch", "prefill_batch", "context")
 HEADER = ("# Regression baseline of the shipped scenarios: `npusim check workloads/baselines/default.yaml`.\n"
           "# When a change moves a prediction on purpose, rewrite the values with `--update` and commit them.\n")
 
@@ -37,9 +39,13 @@ class Scenario:
     expect: dict = field(default_factory=dict)
     tolerance: dict = field(default_factory=dict)
 
-    def predict(self, extra: dict[str, str] | None = None) -> Prediction:
+    def predict(self, file: str, extra: dict[str, str] | None = None) -> Prediction:
         run = {**self.run, "quant": None} if self.run.get("quant") == "model" else self.run  # as --quant model
-        return api.predict(**run, overrides={**self.overrides, **(extra or {})})
+        try:
+            return api.predict(**run, overrides={**self.overrides, **(extra or {})})
+        except NpusimError as exc:
+            raise as_written(exc, {option(k): {"file": file, "field": f"scenarios.{self.name}.run.{k}"}
+                                   for k in RUN_KEYS}) from None
 
 
 @dataclass
@@ -64,17 +70,29 @@ class Baseline:
             f = f"scenarios.{name}"
             if not isinstance(body, dict) or not isinstance(body.get("run"), dict):
                 raise NpusimError("needs a 'run' mapping of predict arguments", file=where, field=f"{f}.run")
-            bad = set(body["run"]) - set(RUN_KEYS)
+            bad = set(body) - {"run", "set", "expect", "tolerance"}
             if bad:
-                raise NpusimError(f"unknown argument '{sorted(bad)[0]}' (allowed: {', '.join(RUN_KEYS)})", file=where,
-                                  field=f"{f}.run")
+                raise NpusimError("is not a key of a scenario (allowed: run, set, expect, tolerance)", file=where,
+                                  field=f"{f}.{sorted(map(str, bad))[0]}")
+            run = {str(k): _run_value(str(k), v, where, f"{f}.run.{k}") for k, v in body["run"].items()}
+            overrides = body.get("set") or {}
+            if not isinstance(overrides, dict):
+                raise NpusimError("must map dotted fields to values, as --set (e.g. hbm.bandwidth: 4TB/s)",
+                                  file=where, field=f"{f}.set")
+            for k, v in overrides.items():
+                if v is None or isinstance(v, (dict, list)):
+                    raise NpusimError(f"must be a single value, got {v!r}", file=where, field=f"{f}.set.{k}")
             expect = body.get("expect") or {}
+            if not isinstance(expect, dict):
+                raise NpusimError(f"must map metrics ({', '.join(METRICS)}) to recorded values", file=where,
+                                  field=f"{f}.expect")
             bad = set(expect) - set(METRICS)
             if bad:
-                raise NpusimError(f"unknown metric '{sorted(bad)[0]}' (allowed: {', '.join(METRICS)})", file=where,
-                                  field=f"{f}.expect")
-            out.append(Scenario(str(name), dict(body["run"]), {k: str(v) for k, v in (body.get("set") or {}).items()},
-                                {k: float(v) for k, v in expect.items()},
+                raise NpusimError(f"unknown metric '{sorted(map(str, bad))[0]}' (allowed: {', '.join(METRICS)})",
+                                  file=where, field=f"{f}.expect")
+            out.append(Scenario(str(name), run,
+                                {str(k): setting(v, where, f"{f}.set.{k}") for k, v in overrides.items()},
+                                {k: _number(v, where, f"{f}.expect.{k}") for k, v in expect.items()},
                                 _tolerances(body.get("tolerance") or {}, where, f"{f}.tolerance")))
         return cls(where, out, tol)
 
@@ -83,7 +101,7 @@ class Baseline:
         for s in self.scenarios:
             body = {"run": s.run}
             if s.overrides:
-                body["set"] = s.overrides
+                body["set"] = {k: str(v) for k, v in s.overrides.items()}
             if s.tolerance:
                 body["tolerance"] = s.tolerance
             body["expect"] = s.expect
@@ -94,10 +112,30 @@ class Baseline:
 def _tolerances(raw, where: str, field_: str) -> dict:
     if not isinstance(raw, dict) or any(k not in METRICS for k in raw):
         raise NpusimError(f"must map metrics ({', '.join(METRICS)}) to relative tolerances", file=where, field=field_)
-    try:
-        return {k: float(v) for k, v in raw.items()}
-    except (TypeError, ValueError):
-        raise NpusimError("tolerances must be numbers (relative, e.g. 0.01)", file=where, field=field_) from None
+    return {k: _number(v, where, f"{field_}.{k}", least=0.0) for k, v in raw.items()}
+
+
+def _number(value, where: str, field_: str, least: float | None = None) -> float:
+    """A recorded figure or tolerance: a finite number (>= `least` when given)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise NpusimError(f"must be a finite number, got {value!r}", file=where, field=field_)
+    if least is not None and value < least:
+        raise NpusimError(f"must be >= {least:g}, got {value!r}", file=where, field=field_)
+    return float(value)
+
+
+def _run_value(key: str, value, where: str, field_: str):
+    """One of predict's arguments as the baseline gives it: a name, or a whole number of tokens or requests."""
+    if key not in RUN_KEYS:
+        raise NpusimError("is not an argument of predict" + did_you_mean(key, RUN_KEYS), file=where, field=field_)
+    if key in COUNT_KEYS:
+        least = 0 if key == "context" else 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise NpusimError(f"must be a whole number >= {least}, got {value!r}", file=where, field=field_)
+        return value
+    if not isinstance(value, str) or not value:
+        raise NpusimError(f"must be a name, got {value!r}", file=where, field=field_)
+    return value
 
 
 @dataclass(frozen=True)
@@ -108,6 +146,7 @@ class Comparison:
     predicted: float
     tolerance: float
     note: str = ""
+    error: NpusimError | None = None  # why the scenario could not be predicted
 
     @property
     def change(self) -> float:
@@ -128,9 +167,9 @@ def check(baseline: Baseline, overrides: dict[str, str] | None = None) -> tuple[
     rows, updated = [], []
     for s in baseline.scenarios:
         try:
-            p = s.predict(overrides)
+            p = s.predict(baseline.file, overrides)
         except NpusimError as exc:
-            rows.append(Comparison(s.name, "prediction", float("nan"), float("nan"), 0.0, f"error: {exc}"))
+            rows.append(Comparison(s.name, "prediction", float("nan"), float("nan"), 0.0, f"error: {exc}", exc))
             updated.append(s)
             continue
         new = {m: float(v) for m in METRICS if (v := METRICS[m](p)) is not None}  # decode-only: no prefill metrics

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from npusim.cli import common
+from npusim.errors import NpusimError
 from npusim.sweeps import SweepSpec, save, sweep
 
 SHOWN = ("ttft_s", "tpot_s", "decode_tokens_per_s_per_chip", "decode_usd_per_mtok", "decode_system_joules_per_token",
@@ -35,3 +36,7 @@ def run(args) -> None:
     shown = frame[params + [c for c in SHOWN if c in frame]]
     common.emit(shown.round(4), args.format, title=f"sweep {spec.name}: {len(frame)} points",
                 extra={"written": ", ".join(map(str, written))})
+    refused = frame["error"].astype(bool)
+    if refused.all():
+        raise NpusimError(f"every one of its {len(frame)} points was refused (the first: {frame['error'].iloc[0]})",
+                          file=spec.file)

@@ -85,7 +85,7 @@ def roofline(trace: Trace, chip: Chip) -> tuple[float, str]:
         if ins.pipe == "cube":
             cube_flops += ins.flops * mult
         elif ins.pipe == "vector" and ins.flops:
-            vector_time += ins.flops * mult / chip.aiv.vector.flop_per_cycle[ins.dtype]
+            vector_time += ins.flops * mult / chip.vector_rate(ins.dtype)
     terms = {"hbm": trace.hbm_bytes / chip.hbm.bandwidth,
              "vector": vector_time / (chip.aiv.count * chip.clock)}
     if cube_flops:

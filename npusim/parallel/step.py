@@ -20,6 +20,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from npusim.engine.streams import Task, Timeline, run_streams
+from npusim.errors import NpusimError
 from npusim.parallel.collectives import Collective, CommResult, collective_time
 from npusim.parallel.fusion import Placement, placements, unfused_topk
 from npusim.parallel.optime import ATTENTION, Activity, OpRun, OpTime, kernel_name, op_time
@@ -159,6 +160,22 @@ class _Schedule:
     comms: list[tuple[str, CommResult, int]]
 
 
+def _op_time(op, chip, run: OpRun, plan: Plan) -> OpTime:
+    """op_time, with a refusal of the plan's kernel options named where the user wrote them (the plan file or the
+    override, `plan.kernels.gemm.base_m`) rather than as the kernel's own `tiling.base_m`."""
+    try:
+        return op_time(op, chip, run)
+    except NpusimError as exc:
+        field = exc.field or ""
+        if exc.file is None and field.startswith("tiling.") and run.options:
+            key = field.removeprefix("tiling.")
+            if key in run.options.tiling():
+                raise NpusimError(exc.detail, **plan.provenance.where(f"kernels.{kernel_name(op)}.{key}")) from None
+        if exc.file is None and field.startswith("kernels."):
+            raise NpusimError(exc.detail, **plan.provenance.where(field)) from None
+        raise
+
+
 def layer_time(layer: RankLayer, plan: Plan, system: System, streams: Streams | None = None) -> LayerTime:
     """One layer on the phase's `streams` (None: the plan-level ones).
 
@@ -224,8 +241,8 @@ def _add_part(sched: _Schedule, part: RankLayer, tag: str, prev: str | None, off
     for i, op in enumerate(part.ops):
         place = fused.get(op.name, Placement())
         stream, aic = cores.of(offset + i)
-        t = op_time(op, chip, OpRun(launch if place.first else "none", plan.kernels.get(kernel_name(op)), aic,
-                                    place.input_on_chip, place.output_on_chip))
+        t = _op_time(op, chip, OpRun(launch if place.first else "none", plan.kernels.get(kernel_name(op)), aic,
+                                     place.input_on_chip, place.output_on_chip), plan)
         if count:
             sched.ops.append((t, count))
         side = streams.shared_expert_side_stream and op.name in SIDE_STREAM_OPS

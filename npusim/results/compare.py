@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from npusim.api import predict
+from npusim.errors import NpusimError
 from npusim.results.prediction import Prediction
 from npusim.spec.scenario import Scenario, load_scenario
 
@@ -104,5 +105,8 @@ def compare(base: str | Scenario, *variants: str | Scenario, overrides: dict[str
     for sc in scs:
         args = sc.predict_args()
         args["overrides"] = {**args["overrides"], **(overrides or {})}
-        preds.append(predict(**args))
+        try:
+            preds.append(predict(**args))
+        except NpusimError as exc:
+            raise sc.named(exc) from None
     return Comparison(scs, tuple(preds))

@@ -17,6 +17,7 @@ from typing import NoReturn, Protocol
 import numpy as np
 
 from npusim.errors import NpusimError
+from npusim.spec.schema import read_text
 
 BLOCK = 1024  # draws per block: vectorised sampling without tying the stream to the run length
 
@@ -186,10 +187,7 @@ def read_trace(path: str | Path) -> Trace:
     """Read a CSV (header row) or JSONL trace with fields arrival (s), input, output and optional prefix_hit
     (tokens). A bad row is reported with the file and its line number."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise NpusimError(f"cannot read the trace ({exc.strerror})", file=str(path)) from None
+    text = read_text(path, str(path))
     rows = _jsonl_rows(path, text) if path.suffix in (".jsonl", ".json", ".ndjson") else _csv_rows(path, text)
     columns: dict[str, list] = {"arrival": [], "input": [], "output": [], "prefix_hit": []}
     for line, row in rows:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from npusim.errors import NpusimError, did_you_mean
-from npusim.spec.schema import BuildContext, Leaf, build, merge, normalise, read_yaml, set_path
+from npusim.spec.schema import BuildContext, Leaf, build, merge, normalise, read_yaml, set_path, setting
 
 
 def data_root() -> Path:
@@ -34,6 +34,18 @@ class Provenance:
     file: str
     sources: dict[str, str]
     files: dict[str, str]
+    written: dict[str, str] = dataclasses.field(default_factory=dict)  # an override's spec path -> the user's name
+
+    def where(self, path: str) -> dict:
+        """file= and field= of an error about field `path`: the spec's file, or an override's own origin and the name
+        the user gave it there (a section is named as its first overridden leaf is)."""
+        if path in self.written:
+            return {"file": self.files[path], "field": self.written[path]}
+        inner = next((k for k in self.written if k.startswith(path + ".")), None)
+        if inner is not None:
+            name = self.written[inner]
+            return {"file": self.files[inner], "field": name[: len(name) - len(inner) + len(path)]}
+        return {"file": self.file, "field": path}
 
 
 @dataclass(frozen=True)
@@ -91,15 +103,17 @@ class Catalog:
     def from_tree(self, tree: dict, shown: str, overrides: dict[str, str] | None = None):
         """Build and check a spec from a normalised tree (a catalog file, or a foreign format mapped onto ours)."""
         for dotted, value in (overrides or {}).items():
-            set_path(tree, dotted, value, f"--set {dotted}")
+            value = setting(value, "--set", dotted)
+            set_path(tree, dotted, value, value.file, value.field or dotted)
         prepare = getattr(self.cls, "prepare", None)  # a spec's own reading of the tree (e.g. layered fields)
         if prepare is not None:
             tree = prepare(tree)
         ctx = BuildContext(shown, self.require_sources)
         obj = build(self.cls, tree, ctx)
-        obj = dataclasses.replace(obj, provenance=Provenance(shown, ctx.sources, ctx.files))
+        provenance = Provenance(shown, ctx.sources, ctx.files, ctx.written)
+        obj = dataclasses.replace(obj, provenance=provenance)
         check = getattr(obj, "check", None)
         if check:
             for path, message in check():
-                raise NpusimError(message, file=shown, field=path)
+                raise NpusimError(message, **provenance.where(path))
         return obj

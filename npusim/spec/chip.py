@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from npusim.errors import NpusimError
 from npusim.spec.catalog import Catalog, Provenance
 from npusim.spec.schema import count, internal, quantity, ratio, shape, table, text
 
 CUBE_DTYPES = ("fp16", "bf16", "fp32", "hf32", "int8", "int4", "fp8", "hif8", "mxfp8", "mxfp4")
 VECTOR_DTYPES = ("fp16", "bf16", "fp32", "int8", "int16", "int32")
+REQUIRED_CUBE = ("fp16", "bf16")  # the headline peaks, the energy model's full-rate cube
+REQUIRED_VECTOR = ("fp16", "fp32")  # the headline peaks, the energy model's full-rate vector
 AIC_PIPES = ("mte2", "mte1", "cube", "fixpipe", "scalar")
 AIV_PIPES = ("mte2", "vector", "mte3", "scalar")
 BYTES_PER_ELEMENT = {"fp32": 4.0, "hf32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "fp8": 1.0, "hif8": 1.0,
@@ -166,11 +169,26 @@ class Chip:
     provenance: Provenance = internal()
 
     # ---------------------------------------------------------------- derived figures (per die unless said)
+    def cube_rate(self, dtype: str) -> float:
+        """FLOP per cycle of one AIC in `dtype`, refused in a sentence when the chip file gives none."""
+        return self._rate(self.aic.cube.flop_per_cycle, "aic.cube.flop_per_cycle", dtype)
+
+    def vector_rate(self, dtype: str) -> float:
+        """FLOP per cycle of one AIV in `dtype`, refused in a sentence when the chip file gives none."""
+        return self._rate(self.aiv.vector.flop_per_cycle, "aiv.vector.flop_per_cycle", dtype)
+
+    def _rate(self, rates: dict[str, float], where: str, dtype: str) -> float:
+        if dtype not in rates:
+            raise NpusimError(f"{self.name} gives no {dtype} rate, which this run needs (it has "
+                              f"{', '.join(rates) or 'none'})",
+                              **(self.provenance.where(f"{where}.{dtype}") if self.provenance else {}))
+        return rates[dtype]
+
     def peak_cube_flops(self, dtype: str) -> float:
-        return self.aic.count * self.aic.cube.flop_per_cycle[dtype] * self.clock
+        return self.aic.count * self.cube_rate(dtype) * self.clock
 
     def peak_vector_flops(self, dtype: str = "fp16") -> float:
-        return self.aiv.count * self.aiv.vector.flop_per_cycle[dtype] * self.clock
+        return self.aiv.count * self.vector_rate(dtype) * self.clock
 
     def marketing_flops(self, dtype: str = "fp16") -> float:
         """Huawei's 'total' figure for A2/A5: cube + vector of the same dtype."""
@@ -220,6 +238,12 @@ class Chip:
                 if need > getattr(b, buf):
                     problems.append((f"aic.cube.fractal.{dtype}",
                                      f"{m}x{k}x{n} needs {need:g} B of {buf.upper()} but aic.buffers.{buf} is {getattr(b, buf):g} B"))
+        for rates, where, needed in ((self.aic.cube.flop_per_cycle, "aic.cube.flop_per_cycle", REQUIRED_CUBE),
+                                     (self.aiv.vector.flop_per_cycle, "aiv.vector.flop_per_cycle", REQUIRED_VECTOR)):
+            for dtype in needed:
+                if dtype not in rates:
+                    problems.append((f"{where}.{dtype}", "is missing: every chip needs the rates of "
+                                                         f"{', '.join(needed)} (headline peaks and energy read them)"))
         for dtype in self.aic.cube.flop_per_cycle:
             if dtype not in self.aic.cube.fractal:
                 problems.append((f"aic.cube.fractal.{dtype}", "is missing: every cube dtype with a rate needs a fractal"))

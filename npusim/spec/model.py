@@ -9,7 +9,6 @@ follow, where no key is ignored.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from npusim.errors import NpusimError
 from npusim.spec.catalog import Catalog, Provenance, display_path
 from npusim.spec import hf
 from npusim.spec.quant import PRESETS
-from npusim.spec.schema import count, counts, internal, normalise, quantity, text
+from npusim.spec.schema import count, counts, internal, normalise, quantity, read_json, text
 
 MODEL_TYPES = ("deepseek_v3", "deepseek_v32", "deepseek_v4", "gqa_moe")
 COMPRESS_RATIOS = (0, 4, 128)  # 0 = sliding window only, 4 = CSA (overlapping, with indexer), 128 = HCA
@@ -174,7 +173,11 @@ MODELS = Catalog("model", "workloads/models", ModelConfig, require_sources=False
 def _quant_of_hf(config: dict, shown: str) -> str:
     """The preset matching a checkpoint's quantization_config / expert_dtype; a format without one is refused (it
     changes the weights' bytes)."""
-    method = (config.get("quantization_config") or {}).get("quant_method")
+    quant = config.get("quantization_config") or {}
+    if not isinstance(quant, dict):
+        raise NpusimError(f"must be a JSON object (such as {{\"quant_method\": \"fp8\"}}), got {quant!r}", file=shown,
+                          field="quantization_config")
+    method = quant.get("quant_method")
     if method is None:
         return "bf16"
     if method == "fp8":
@@ -186,12 +189,7 @@ def _quant_of_hf(config: dict, shown: str) -> str:
 
 def _load_hf(path: Path, overrides: dict[str, str] | None) -> ModelConfig:
     shown = display_path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise NpusimError(f"cannot read the file ({exc.strerror})", file=shown) from None
-    except json.JSONDecodeError as exc:
-        raise NpusimError(f"is not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}", file=shown) from None
+    data = read_json(path, shown)
     if not isinstance(data, dict):
         raise NpusimError("must be a JSON object of config fields", file=shown)
     mapped = hf.map_config(data, shown)

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from npusim.spec.catalog import Catalog, Provenance
-from npusim.spec.schema import count, internal, table, text
+from npusim.errors import NpusimError, as_written, option
+from npusim.spec.schema import count, internal, setting, table, text
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,7 +37,13 @@ class Scenario:
         """Keyword arguments of api.predict."""
         return {"hw": self.hw, "model": self.model, "plan": self.plan, "input": self.input, "output": self.output,
                 "batch": self.batch, "prefill_batch": self.prefill_batch, "context": self.context or None,
-                "quant": None if self.quant == "model" else self.quant, "overrides": dict(self.set)}
+                "quant": None if self.quant == "model" else self.quant,
+                "overrides": {k: setting(v, **self.provenance.where(f"set.{k}")) for k, v in self.set.items()}}
+
+    def named(self, exc: NpusimError) -> NpusimError:
+        """A refusal of predict_args's arguments named as this file wrote them (`input`, not `--input`)."""
+        keys = ("hw", "model", "plan", "quant", "input", "output", "batch", "prefill_batch", "context")
+        return as_written(exc, {option(k): self.provenance.where(k) for k in keys})
 
 
 SCENARIOS = Catalog("scenario", "workloads/scenarios", Scenario, require_sources=False)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import json
 import types
 import typing
 from dataclasses import MISSING, dataclass, field
@@ -81,6 +82,7 @@ class Leaf:
     value: Any
     source: str | None
     file: str
+    field: str | None = None  # the user's name for it where that is not its spec path (an override)
 
 
 def _is_leaf_mapping(node) -> bool:
@@ -115,25 +117,69 @@ def _parse_yaml(text_: str):
     return yaml.safe_load(text_)
 
 
-def read_yaml(path: Path, display: str) -> dict:
+def read_text(path: Path, display: str) -> str:
+    """A file's text, refused in one sentence when it cannot be read or is not UTF-8."""
     try:
-        text_ = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise NpusimError(f"cannot read the file ({exc.strerror})", file=display) from None
+        raise NpusimError(f"cannot read the file ({exc.strerror or exc})", file=display) from None
+    except UnicodeDecodeError as exc:
+        raise NpusimError(f"is not UTF-8 text (byte {exc.start} is 0x{exc.object[exc.start]:02x})", file=display) from None
+
+
+def parse_yaml(text_: str, display: str, field: str | None = None):
+    """YAML text parsed, or one sentence naming where it is not YAML (or is nested too deeply to be a spec)."""
     try:
-        data = copy.deepcopy(_parse_yaml(text_))  # callers edit the tree; the parse is memoised by content
+        return copy.deepcopy(_parse_yaml(text_))  # callers edit the tree; the parse is memoised by content
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark and field is None else ""
         problem = getattr(exc, "problem", None) or "malformed YAML"
-        raise NpusimError(f"is not valid YAML{where}: {problem}", file=display) from None
+        raise NpusimError(f"is not valid YAML{where}: {problem}", file=display, field=field) from None
+    except RecursionError:
+        raise NpusimError("is nested too deeply to be read", file=display, field=field) from None
+
+
+def read_yaml(path: Path, display: str) -> dict:
+    data = parse_yaml(read_text(path, display), display)
     if not isinstance(data, dict):
         raise NpusimError("must be a YAML mapping of fields at the top level", file=display)
     return data
 
 
-def set_path(tree: dict, dotted: str, raw_value: str, origin: str) -> None:
-    """Apply an override 'a.b.c' = value (text, parsed later by the field's unit) to a normalised tree."""
+def read_json(path: Path, display: str):
+    """A JSON file parsed (NaN and Infinity are kept for the caller's checks to refuse by field)."""
+    text_ = read_text(path, display)
+    try:
+        return json.loads(text_)
+    except json.JSONDecodeError as exc:
+        raise NpusimError(f"is not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}", file=display) from None
+    except RecursionError:
+        raise NpusimError("is nested too deeply to be read", file=display) from None
+
+
+class Setting(str):
+    """An override's text that remembers where the user wrote it — a scenario, baseline or sweep file, or '--set' —
+    and under which name, so an error in its value names that file and field. Otherwise a plain str."""
+
+    file: str
+    field: str
+
+    def __new__(cls, value: str, file: str = "--set", field: str = ""):
+        obj = super().__new__(cls, value)
+        obj.file, obj.field = file, field
+        return obj
+
+
+def setting(value, file: str, field: str) -> Setting:
+    """An override written in `file` under `field`; a value that already is a Setting keeps its origin."""
+    return value if isinstance(value, Setting) else Setting(str(value), file, field)
+
+
+def set_path(tree: dict, dotted: str, raw_value, origin: str, field: str | None = None) -> None:
+    """Apply an override 'a.b.c' = value (YAML text, parsed later by the field's unit) to a normalised tree.
+    `origin` is where the user wrote it (a file, or '--set'), `field` their name for it, which errors repeat."""
+    field = field or dotted
     parts = dotted.split(".")
     node = tree
     for p in parts[:-1]:
@@ -142,8 +188,8 @@ def set_path(tree: dict, dotted: str, raw_value: str, origin: str) -> None:
             nxt = {}
             node[p] = nxt
         node = nxt
-    node[parts[-1]] = Leaf(yaml.safe_load(raw_value) if isinstance(raw_value, str) else raw_value,
-                           f"override: {origin}", origin)
+    value = parse_yaml(raw_value, origin, field) if isinstance(raw_value, str) else raw_value
+    node[parts[-1]] = Leaf(value, f"override: {origin} {field}", origin, field)
 
 
 # ----------------------------------------------------------------------------------------------- building objects
@@ -158,8 +204,24 @@ class BuildContext:
     sources: dict[str, str] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
 
-    def fail(self, path: str, message: str, file: str | None = None) -> typing.NoReturn:
-        raise NpusimError(message, file=file or self.files.get(path, self.default_file), field=path)
+    written: dict[str, str] = field(default_factory=dict)  # spec path -> the user's name of an override
+
+    def fail(self, path: str, message: str, file: str | None = None, node=None) -> typing.NoReturn:
+        """Refuse field `path`; `node` (the tree under it), when an override wrote it, names it as the user did."""
+        name = self.written.get(path) or _written_name(node, path)
+        raise NpusimError(message, file=file or self.files.get(path, self.default_file), field=name or path)
+
+
+def _written_name(node, path: str) -> str | None:
+    """The user's name of `path` when an override wrote the tree `node` under it: a leaf's name minus its subpath."""
+    if isinstance(node, Leaf):
+        return node.field
+    if isinstance(node, dict):
+        for key, child in node.items():
+            name = _written_name(child, f"{path}.{key}")
+            if name:
+                return name[: len(name) - len(key) - 1] if name.endswith("." + key) else name
+    return None
 
 
 def _first_file(node, fallback: str) -> str:
@@ -175,13 +237,13 @@ def build(cls, node: dict, ctx: BuildContext, prefix: str = ""):
     """Build dataclass `cls` from a normalised tree, checking every field."""
     if not isinstance(node, dict):
         ctx.fail(prefix.rstrip("."), f"must be a mapping of fields ({', '.join(f.name for f in dataclasses.fields(cls))})",
-                 _first_file(node, ctx.default_file))
+                 _first_file(node, ctx.default_file), node)
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls) if f.init and not f.metadata.get("internal")}
     for key in node:
         if key not in names:
             ctx.fail(prefix + key, f"is not a known field of {cls.__name__}" + did_you_mean(key, names),
-                     _first_file(node[key], ctx.default_file))
+                     _first_file(node[key], ctx.default_file), node[key])
     kwargs = {}
     for f in dataclasses.fields(cls):
         if f.name not in names:
@@ -215,16 +277,16 @@ def _build_value(tp, meta, node, ctx: BuildContext, path: str):
     if origin is dict and not meta.get("table"):
         _, item = typing.get_args(tp)
         if not isinstance(node, dict):
-            ctx.fail(path, "must be a mapping of named entries", _first_file(node, ctx.default_file))
+            ctx.fail(path, "must be a mapping of named entries", _first_file(node, ctx.default_file), node)
         return {k: _build_value(item, {}, v, ctx, f"{path}.{k}") for k, v in node.items()}
     if meta.get("table"):
         if not isinstance(node, dict):
-            ctx.fail(path, "must be a mapping (name: value)", _first_file(node, ctx.default_file))
+            ctx.fail(path, "must be a mapping (name: value)", _first_file(node, ctx.default_file), node)
         keys = meta.get("keys")
         out = {}
         for k, v in node.items():
             if keys and k not in keys:
-                ctx.fail(f"{path}.{k}", "is not an allowed key" + did_you_mean(k, keys), _first_file(v, ctx.default_file))
+                ctx.fail(f"{path}.{k}", "is not an allowed key" + did_you_mean(k, keys), _first_file(v, ctx.default_file), v)
             out[k] = _leaf(meta, v, ctx, f"{path}.{k}")
         return out
     return _leaf(meta, node, ctx, path)
@@ -232,8 +294,10 @@ def _build_value(tp, meta, node, ctx: BuildContext, path: str):
 
 def _leaf(meta, node, ctx: BuildContext, path: str):
     if not isinstance(node, Leaf):
-        ctx.fail(path, "must be a single value, not a mapping", _first_file(node, ctx.default_file))
+        ctx.fail(path, "must be a single value, not a mapping", _first_file(node, ctx.default_file), node)
     ctx.files[path] = node.file
+    if node.field:
+        ctx.written[path] = node.field
     kind = meta.get("kind", "text")
     value = node.value
     if kind not in ("text", "flag") and ctx.require_sources:

@@ -52,19 +52,29 @@ class UnitError(ValueError):
 
 
 def parse(text, dimension: str) -> float:
-    """'1.6 TB/s' -> 1.6e12 for dimension 'bandwidth'. Plain numbers are taken in the base unit."""
+    """'1.6 TB/s' -> 1.6e12 for dimension 'bandwidth'. A plain number is only a 'number' (a bandwidth of 2 would be
+    2 B/s, never what was meant); NaN and infinity are refused everywhere."""
     dim = DIMENSIONS[dimension]
     if isinstance(text, bool):
         raise UnitError(f"expected a {dim.name} quantity, got {text!r}")
     if isinstance(text, (int, float)):
+        if not math.isfinite(text):
+            raise UnitError(f"must be a finite number, got {text!r}")
+        if dim.name != "number":
+            raise UnitError(f"{text!r} has no unit ({_examples(dim)})")
         return float(text)
     m = _QUANTITY.match(str(text))
     if not m:
         raise UnitError(f"'{text}' is not a number with a unit ({_examples(dim)})")
     unit = m["unit"] or ""
+    if not unit and dim.name != "number":
+        raise UnitError(f"'{text}' has no unit ({_examples(dim)})")
     if unit not in dim.units:
         raise UnitError(f"'{unit}' in '{text}' is not a unit of {dim.name} ({_examples(dim)})")
-    return float(m["num"]) * dim.units[unit]
+    value = float(m["num"]) * dim.units[unit]
+    if not math.isfinite(value):
+        raise UnitError(f"'{text}' is not a finite quantity")
+    return value
 
 
 def _examples(dim: Dimension) -> str:

@@ -50,7 +50,7 @@ def evaluate(point: Point, params: CostParams = CostParams()) -> dict:
         p = api.predict(**args, overrides=dict(point.overrides))
         chip = load_system(p.system, api.split_overrides(p.overrides)["hw"]).chip_spec
     except NpusimError as exc:
-        row["error"] = str(exc)
+        row["error"] = str(point.named(exc))
         return row
     except Exception as exc:  # a simulator bug, not a refusal: name the point that found it
         raise RuntimeError(f"predict failed on sweep point {point.params()}: {exc!r}") from exc

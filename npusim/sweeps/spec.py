@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from npusim.api import DEFAULT
-from npusim.errors import NpusimError
-from npusim.spec.schema import read_yaml
+from npusim.errors import NpusimError, as_written, option
+from npusim.spec.schema import read_yaml, setting
 
 SCENARIO_KEYS = ("hw", "model", "plan", "input", "output", "batch", "prefill_batch", "context", "quant")
 INT_KEYS = ("input", "output", "batch", "prefill_batch", "context")
@@ -29,6 +29,12 @@ class Point:
 
     args: tuple[tuple[str, object], ...]
     overrides: tuple[tuple[str, str], ...]
+    file: str = ""  # the sweep file, and where in it each argument was written (a refusal names them)
+    written: tuple[tuple[str, str], ...] = ()
+
+    def named(self, exc: NpusimError) -> NpusimError:
+        """A refusal of one of predict's arguments named as the sweep file wrote it (`grid.input`, not `--input`)."""
+        return as_written(exc, {option(k): {"file": self.file, "field": w} for k, w in self.written})
 
     def params(self) -> dict:
         return {**dict(self.args), **dict(self.overrides)}
@@ -64,20 +70,30 @@ class SweepSpec:
         if not isinstance(self.points, list) or any(not isinstance(p, dict) for p in self.points):
             raise NpusimError("must be a list of mappings of field: value", file=self.file, field="list")
         keys = list(self.grid)
-        combos = [dict(zip(keys, vals)) for vals in itertools.product(*self.grid.values())]
-        return [self._point({**self.base, **entry, **combo}) for entry in (self.points or [{}]) for combo in combos]
+        combos = [{k: (v, f"grid.{k}") for k, v in zip(keys, vals)} for vals in itertools.product(*self.grid.values())]
+        base = {k: (v, f"base.{k}") for k, v in self.base.items()}
+        entries = [{k: (v, f"list[{i}].{k}") for k, v in e.items()} for i, e in enumerate(self.points)] or [{}]
+        return [self._point({**base, **entry, **combo}) for entry in entries for combo in combos]
 
     def _point(self, values: dict) -> Point:
+        """One point from (value, the field that wrote it) per key; a value of the wrong type is refused by name."""
         args = {k: DEFAULT.get(k) for k in SCENARIO_KEYS if k in DEFAULT}
-        over = {}
-        for key, value in values.items():
+        over, names = {}, {}
+        for key, (value, written) in values.items():
             key = str(key)
-            if key in SCENARIO_KEYS:
-                if key in INT_KEYS and value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                                              or value < 1):
-                    raise NpusimError(f"must be a positive whole number, got {value!r}", file=self.file, field=key)
+            names[key] = written
+            if key in INT_KEYS:
+                if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                    raise NpusimError(f"must be a positive whole number, got {value!r}", file=self.file, field=written)
                 args[key] = value
+            elif key in SCENARIO_KEYS:
+                if not isinstance(value, str) or not value:
+                    raise NpusimError(f"must be a name, got {value!r}", file=self.file, field=written)
+                args[key] = value
+            elif value is None or isinstance(value, (dict, list)):
+                raise NpusimError(f"must be a single value, got {value!r}", file=self.file, field=written)
             else:
-                over[key] = str(value)
+                over[key] = setting(str(value), self.file, written)
         return Point(tuple(sorted(args.items(), key=lambda kv: SCENARIO_KEYS.index(kv[0]))),
-                     tuple(sorted(over.items())))
+                     tuple(sorted(over.items())), self.file,
+                     tuple((k, w) for k, w in names.items() if k in SCENARIO_KEYS))
