@@ -3,7 +3,8 @@
 Run: python experiments/validate.py   -> experiments/results/validation.{csv,md}
 Rows come from shared/reference/published.md (A15-A23) and the cann-recipes tables quoted in models.md §3.3.
 `kind`: doc = a vendor-documented measurement; bound = an upper-bound claim ("TTFT < 2 s"), judged met / missed;
-oos = OUT OF SAMPLE: a published deployment outside the calibration set (SGLang's Ascend best-practice runs), never
+oos = OUT OF SAMPLE: a published deployment outside the calibration set (SGLang's Ascend best-practice runs,
+CloudMatrix-Infer's R1 decode and prefill), never
 used to fit anything, reported in its own section with its source. No parameter is fitted per row; errors are
 reported as they come, good or bad.
 """
@@ -95,6 +96,17 @@ SGLANG = ("sgl-project/sglang docs/platforms/ascend_npu_best_practice.md: TPOT /
           "log of each run (accept length, mean concurrency, TTFT, E2E)")
 
 
+CMI = ("arXiv 2506.12708 (CloudMatrix-Infer, Zuo et al. 2025), abstract and decode / prefill evaluation: DeepSeek-R1 "
+       "INT8, decode EP320 at 1,943 tokens/s per NPU with TPOT < 50 ms (96 sequences per NPU: 96 / 1,943 = 49.4 ms) and "
+       "538 tokens/s per NPU under 15 ms (taken as 8 per NPU: 538 x 0.015 = 8.1), prefill 6,688 tokens/s per NPU; "
+       "decode as two microbatches on 16 + 8 AIC. "
+       "Not stated there, taken from A16 / A15 (estimate): MTP1 accepting 0.7, 4K context, prefill as A15's 64 x 4K "
+       "on 32 dies with two microbatches; the shared and redundant experts' own dies are 64 redundant routed experts")
+CMI_DECODE = {"plan.decode.ranks": "320", "plan.decode.attention.dp": "320", "plan.decode.moe.ep": "320",
+              "plan.eplb.redundant_experts": "64", "plan.streams.two_microbatch": "true",
+              "plan.streams.attention_cores": "16"}
+
+
 def decoding(concurrency: float, ttft: float, e2e: float, dp: int) -> int:
     """Global decode batch of a bench_serving run: the mean concurrency times the share of a request's life spent
     decoding (1 - TTFT/E2E), on the busiest DP rank (rounded up), times the DP ranks."""
@@ -124,6 +136,12 @@ OUT_OF_SAMPLE = [
       for name, i, o, t, acc, conc, ttft, e2e in (
           ("2K+2K", 2048, 2048, 0.04776, 2.86, 363.54, 5.139, 102.896),
           ("3.5K+1.5K", 3500, 1500, 0.04943, 2.87, 323.46, 9.784, 83.872))],
+    *[Row("CMI", f"R1 INT8 CloudMatrix-Infer decode, 320 dies DP320 + EP320, MTP1, {b} per NPU, 2 microbatches "
+          "on 16+8 AIC", "tpot", t, "oos", CM, V31, "r1-a3-decode-a16", "w8a8", batch=b * 160, context=4096,
+          overrides=CMI_DECODE, source=CMI)
+      for b, t in ((96, 96 / 1943), (8, 8 / 538))],
+    Row("CMI", "R1 INT8 CloudMatrix-Infer prefill, 6,688 tokens/s per NPU (64 x 4K on 32 dies, 2 microbatches)",
+        "prefill", 64 * 4096 / (6688 * 16), "oos", CM, V31, "r1-a3-prefill-a15", "w8a8", prefill_batch=64, source=CMI),
 ]
 
 
@@ -177,7 +195,8 @@ def main() -> None:
     (OUT / "validation.md").write_text(
         "# Serving validation: predicted vs published\n\n" + frame.round(2).to_markdown(index=False) + "\n\n" + text
         + "\n\n## Out of sample (reported, never fitted)\n\nPublished deployments outside the calibration set. "
-        + "Source of every row: " + SGLANG + ".\n\n" + oos.drop(columns="source").round(2).to_markdown(index=False)
+        + "Sources: " + "; ".join(f"{r.id}: {r.source}" for r in {r.id: r for r in OUT_OF_SAMPLE}.values()) + ".\n\n"
+        + oos.drop(columns="source").round(2).to_markdown(index=False)
         + "\n\n" + oos_text + "\n")
     print(frame.round(2).to_string(index=False))
     print(text)

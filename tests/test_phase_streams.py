@@ -53,3 +53,11 @@ def test_colocated_needs_one_instance(cli):
     r = cli("predict", "--plan", PD, "--hw", "cloudmatrix384", "--model", "deepseek-v3.1", "--set",
             "plan.colocated=true")
     assert r.returncode == 2 and "colocated" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_compare_a_decode_only_ladder_draws_tpot(cli, tmp_path):
+    fig = tmp_path / "w.png"
+    r = cli("compare", "r1-a16-decode-1-one-stream", "r1-a16-decode-3-core-split", "--figure", str(fig),
+            "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert fig.exists() and fig.stat().st_size > 1000  # the waterfall of TPOT, the decode-only plan's metric

@@ -98,3 +98,14 @@ def test_sweep_report_and_bad_target(cli, tmp_path):
     assert ids(page)["best_decode_tok_s_chip"] == pytest.approx(best, rel=1e-3) and "<svg" in page
     r = cli("report", "no-such-thing")
     assert r.returncode == 2 and "not a scenario, plan or sweep" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_decode_only_plan_reports_no_ttft(tmp_path):
+    from npusim.cli.main import main
+
+    out = tmp_path / "ladder.html"
+    assert main(["report", "r1-a16-decode-1-one-stream", "--out", str(out)]) == 0
+    page = out.read_text()
+    got = ids(page)
+    assert "ttft_ms" not in got and "prefill_tok_s_chip" not in got and got["tpot_ms"] > 0
+    assert "no prefill instance" in page

@@ -11,7 +11,8 @@ def register(sub) -> None:
     p = sub.add_parser("compare", help="baseline vs variant scenarios (YAML): delta table and waterfall figure")
     p.add_argument("scenarios", nargs="+", metavar="SCENARIO",
                    help="baseline first, then variants: names in workloads/scenarios or YAML files")
-    p.add_argument("--metric", choices=sorted(METRICS), default="ttft", help="metric of the waterfall (default ttft)")
+    p.add_argument("--metric", choices=sorted(METRICS), default=None,
+                   help="metric of the waterfall (default ttft; tpot when the baseline is a decode-only plan)")
     p.add_argument("--figure", default="compare_waterfall.png", metavar="OUT.png",
                    help="waterfall figure to write ('' = none; default compare_waterfall.png)")
     common.add_set(p)
@@ -24,6 +25,7 @@ def run(args) -> None:
     frame = cmp.table()
     extra = {}
     if args.figure:
-        extra["waterfall"] = str(cmp.waterfall(args.figure, args.metric))
+        metric = args.metric or ("ttft" if cmp.predictions[0].prefill is not None else "tpot")
+        extra["waterfall"] = str(cmp.waterfall(args.figure, metric))
     common.emit(frame.round(3) if args.format == "table" else frame, args.format,
                 title="baseline and variants (d_*_%: change against the baseline)", extra=extra)

@@ -81,13 +81,15 @@ def _plt():
 # ------------------------------------------------------------------------------------------------- sections
 
 def headline(pred: Prediction, price: Cost) -> Section:
-    cards = [("ttft_ms", "TTFT", pred.ttft * 1e3, "ms"), ("tpot_ms", "TPOT", pred.tpot * 1e3, "ms"),
+    pre = pred.prefill is not None  # a decode-only plan has no prefill figures
+    cards = [("ttft_ms", "TTFT", pred.ttft * 1e3 if pre else None, "ms"), ("tpot_ms", "TPOT", pred.tpot * 1e3, "ms"),
              ("decode_tok_s_chip", "decode tokens/s per chip", pred.tokens_per_s_per_chip, ""),
              ("prefill_tok_s_chip", "prefill tokens/s per chip", pred.prefill_tokens_per_s_per_chip, ""),
              ("decode_usd_per_mtok", "$ per million output tokens", price.decode_usd_per_mtok, ""),
-             ("prefill_usd_per_mtok", "$ per million prompt tokens", price.prefill_usd_per_mtok, ""),
+             ("prefill_usd_per_mtok", "$ per million prompt tokens", price.prefill_usd_per_mtok if pre else None, ""),
              ("decode_system_j_per_token", "system J per output token", price.decode_system_joules_per_token, ""),
              ("chips", "chips (prefill + decode)", pred.prefill_chips + pred.decode_chips, "")]
+    cards = [c for c in cards if c[2] is not None]
     if pred.joules_per_token:
         cards.append(("decode_chip_j_per_token", "chip J per output token (activity)", pred.joules_per_token["decode"],
                       ""))
@@ -95,8 +97,9 @@ def headline(pred: Prediction, price: Cost) -> Section:
         f"<div class='card'><div class='v'><span id='{k}'>{v:.4g}</span> {u}</div><div class='k'>{_e(label)}</div>"
         f"</div>" for k, label, v, u in cards) + "</div>"
     s = pred.scenario
-    body += (f"<p class='note'>TTFT = prefill {pred.prefill.time * 1e3:.1f} ms + KV transfer "
-             f"{pred.kv_transfer * 1e3:.1f} ms; TPOT = decode step {pred.decode_step * 1e3:.2f} ms / accepted tokens. "
+    ttft = (f"TTFT = prefill {pred.prefill.time * 1e3:.1f} ms + KV transfer {pred.kv_transfer * 1e3:.1f} ms"
+            if pre else "; ".join(pred.notes))
+    body += (f"<p class='note'>{_e(ttft)}; TPOT = decode step {pred.decode_step * 1e3:.2f} ms / accepted tokens. "
              f"Input {s['input']}, output {s['output']}, decode batch {s['batch']} at context {s['context']}, prefill "
              f"batch {s['prefill_batch']}. Cost at {_e(CostParams().describe())}.</p>")
     return Section("Headline", body)
@@ -121,8 +124,8 @@ def memory(pred: Prediction) -> Section:
 def breakdown(pred: Prediction, top: int = 15) -> Section:
     body = ""
     plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3))
-    for ax, phase in zip(axes, ("prefill", "decode")):
+    fig, axes = plt.subplots(1, len(pred.phases), figsize=(5 * len(pred.phases), 3), squeeze=False)
+    for ax, phase in zip(axes[0], pred.phases):
         frame = pred.breakdown(phase)
         by_kind = frame.groupby("kind")["total_ms"].sum().sort_values()
         ax.barh(by_kind.index.astype(str), by_kind.values, color="#4c72b0")
