@@ -35,7 +35,8 @@ def test_compression_matches_full_simulation():
 
 
 @pytest.mark.parametrize("shape,opts", [({"tokens": 2048, "keys": 4096}, {"block_n": 256}),  # paired causal units
-                                        ({"tokens": 1, "keys": 131072, "batch": 2, "causal": 0}, {})])  # ranges + merge
+                                        ({"tokens": 1, "keys": 131072, "batch": 2, "causal": 0},
+                                         {"dtype": "int8"})])  # ranges + merge (the Mat-Duce kernel's long ranges)
 def test_compression_matches_full_simulation_of_the_indexer(shape, opts):
     """Outer loops of identical units whose inner loops were jumped are found periodic too; exact all the same."""
     trace = catalog.kernel("lightning_indexer", shape, **opts).trace(CHIP)
