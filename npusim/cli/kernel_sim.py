@@ -14,6 +14,7 @@ import pandas as pd
 from npusim.cli import common
 from npusim.cli.kernel import add_kernel_args
 from npusim.engine import simulate, simulate_timeline, write_chrome_trace
+from npusim.engine.l2state import L2_STATES, at_launch
 from npusim.engine.result import LAUNCH_MODES
 from npusim.errors import NpusimError
 from npusim.kernels import catalog
@@ -28,6 +29,9 @@ def register(sub) -> None:
     p.add_argument("--launch", choices=LAUNCH_MODES, default="eager",
                    help="launch overhead added (default eager); device = one standalone launch's device time, as "
                         "msprof's Task Duration counts it")
+    p.add_argument("--l2", choices=L2_STATES, default="cold",
+                   help="L2 at the launch (default cold: inputs from HBM, as inside a model step); warm = a "
+                        "microbenchmark replay's, its footprint resident when it fits")
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome trace (open in Perfetto or chrome://tracing)")
     p.set_defaults(run=run_sim)
 
@@ -65,7 +69,7 @@ def run_sim(args) -> None:
     chip = load_chip(args.hw, common.parse_overrides(args.overrides))
     cls = KERNELS.get(args.name)
     kernel = catalog.kernel(args.name, parse_shape(cls, args.shape) if cls else {})
-    trace = kernel.trace(chip)
+    trace = at_launch(kernel.trace(chip), chip, args.l2)
     if args.trace:
         result, timeline = simulate_timeline(trace, chip, launch=args.launch)
         write_chrome_trace([timeline], args.trace)

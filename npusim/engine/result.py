@@ -87,6 +87,7 @@ def roofline(trace: Trace, chip: Chip) -> tuple[float, str]:
         elif ins.pipe == "vector" and ins.flops:
             vector_time += ins.flops * mult / chip.vector_rate(ins.dtype)
     terms = {"hbm": trace.hbm_bytes / chip.hbm.bandwidth,
+             "l2": trace.l2_bytes / (chip.l2.read_bandwidth + chip.l2.write_bandwidth),
              "vector": vector_time / (chip.aiv.count * chip.clock)}
     if cube_flops:
         terms["cube"] = min(trace.flops, cube_flops) / chip.peak_cube_flops(trace.dtype)
@@ -153,7 +154,7 @@ def content_key(trace: Trace, chip: Chip, launch: str = "eager") -> str:
     groups = tuple((g.copies, tuple(sorted(g.flags.items())),
                     tuple((p.core, _structure(p.body)) for p in g.programs)) for g in trace.groups)
     content = (trace.kernel, tuple(sorted(trace.shape.items())), repr(sorted(trace.tiling.items(), key=str)),
-               trace.dtype, trace.flops, trace.hbm_bytes, groups, repr(chip), launch)
+               trace.dtype, trace.flops, trace.hbm_bytes, trace.l2_bytes, groups, repr(chip), launch)
     return hashlib.blake2b(repr(content).encode(), digest_size=20).hexdigest()
 
 

@@ -96,6 +96,7 @@ class Trace:
     buffers: dict[str, float]  # peak bytes used per buffer level per core
     tiling: dict[str, Any] = field(default_factory=dict)
     dtype: str = "bf16"  # the cube dtype that bounds the roofline
+    l2_bytes: float = 0.0  # compulsory traffic served by L2 instead of HBM (a warm launch's resident footprint)
 
     def instructions(self) -> Iterator[tuple[Program, Instr, int]]:
         """Every (program, instruction, multiplicity) with loops multiplied out, without expanding them."""
