@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from npusim.errors import NpusimError, did_you_mean
 from npusim.graph import accounting
 from npusim.kernels.catalog import names as kernel_names
+from npusim.parallel.af import af_step
 from npusim.parallel.collectives import Collective, collective_time
 from npusim.parallel.memory import memory, require_fit
 from npusim.parallel.shard import shard
@@ -100,8 +101,16 @@ def predict(hw: str = DEFAULT["hw"], model: str = DEFAULT["model"], plan: str = 
             raise NpusimError(f"{tokens} tokens exceed {cfg.name}'s max_position_embeddings "
                               f"({cfg.max_position_embeddings})", field=name)
     steps, mems = {}, {}
+    af = None
     phases = (("prefill", prefill_batch, input),) if pl.runs_prefill else ()
     for phase, b, length in phases + (("decode", batch, ctx),):
+        if phase == "decode" and pl.instance("decode").ffn_ranks:
+            af = af_step(cfg, pl, system, batch=b, context=length, quant=scheme)
+            for side, mem in (("decode", af.attention_memory), ("decode_experts", af.expert_memory)):
+                require_fit(mem, f"{phase} ({side.replace('_', ' ')} side)", pl.provenance.file)
+                mems[side] = mem
+            steps[phase] = af.as_step()
+            continue
         chunks = _chunks(length, pl.prefill_chunk if phase == "prefill" else 0)
         timed = []
         for cached, size in chunks:
@@ -113,12 +122,13 @@ def predict(hw: str = DEFAULT["hw"], model: str = DEFAULT["model"], plan: str = 
         steps[phase] = timed[0] if len(timed) == 1 else chained(timed)
     dies = system.chip_spec.dies
     dec = pl.instance("decode")
-    decode_chips = dec.ranks * dec.instances / dies
+    decode_chips = (dec.ranks + dec.ffn_ranks) * dec.instances / dies
     transfer = kv_transfer(cfg, pl, system, scheme, input) if pl.disaggregated else 0.0
     accepted = 1.0 + pl.mtp.acceptance
     tpot = steps["decode"].time / accepted
     chip = system.chip_spec
-    energy = {p: step_energy(steps[p], chip) for p in steps} if chip.energy else {}
+    # an AF step's two sides do different work per rank: its energy is not modelled
+    energy = {p: step_energy(steps[p], chip) for p in steps} if chip.energy and af is None else {}
     joules = {"decode": energy["decode"].joules * dec.ranks * dec.instances / (batch * accepted)} if energy else {}
     prefill = {"prefill": None, "ttft": None, "prefill_chips": 0.0, "prefill_tokens_per_s_per_chip": None,
                "notes": (f"no TTFT: plan {pl.name} has no prefill instance (decode only; give it a prefill instance, "
@@ -136,7 +146,7 @@ def predict(hw: str = DEFAULT["hw"], model: str = DEFAULT["model"], plan: str = 
         scenario={"input": input, "output": output, "batch": batch, "prefill_batch": prefill_batch, "context": ctx},
         decode=steps["decode"], kv_transfer=transfer, tpot=tpot, decode_step=steps["decode"].time,
         decode_chips=decode_chips, memory=mems, tokens_per_s_per_chip=batch / tpot / decode_chips,
-        overrides=dict(overrides or {}), energy=energy, joules_per_token=joules, **prefill)
+        overrides=dict(overrides or {}), energy=energy, joules_per_token=joules, af=af, **prefill)
 
 
 def _chunks(length: int, chunk: int) -> list[tuple[int, int]]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from npusim.parallel.af import AfStep
 from npusim.parallel.memory import Memory
 from npusim.parallel.step import StepTime
 from npusim.results.energy import StepEnergy
@@ -34,6 +35,7 @@ class Prediction:
     energy: dict[str, "StepEnergy"] = field(default_factory=dict)  # per phase, one rank's step (chip without energy: {})
     joules_per_token: dict[str, float] = field(default_factory=dict)  # per phase: prompt tokens / output tokens
     notes: tuple[str, ...] = ()  # what the prediction does not report, and why
+    af: "AfStep | None" = None  # the decode step's two sides under attention-FFN disaggregation
 
     @property
     def phases(self) -> tuple[str, ...]:

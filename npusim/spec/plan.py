@@ -70,6 +70,9 @@ class Instance:
     pp: int = count(default=1, doc="pipeline stages")
     microbatches: int = count(default=1, doc="microbatches in flight (PP), or the two-microbatch overlap when 2")
     instances: int = count(default=1, doc="identical instances of this role")
+    ffn_ranks: int = count(default=0, minimum=0,
+                           doc="attention-FFN disaggregation (decode): this many further ranks hold the routed and "
+                               "shared experts (moe.ep x moe.tp of them) while `ranks` run attention; 0 = co-located")
     streams: Streams | None = field(default=None, metadata={
         "doc": "this role's streams and schedule, over the plan-level `streams` (fields not written here keep the "
                "plan's); none: the plan's"})
@@ -93,8 +96,13 @@ class Instance:
         if a.dp * a.tp * a.cp != n:
             p.append((f"{role}.attention", f"dp x tp x cp = {a.dp}x{a.tp}x{a.cp} = {a.dp * a.tp * a.cp} must equal "
                                            f"the ranks of a stage ({n})"))
-        if self.moe.ep * self.moe.tp != n:
-            p.append((f"{role}.moe", f"ep x tp = {self.moe.ep}x{self.moe.tp} must equal the ranks of a stage ({n})"))
+        experts = self.ffn_ranks or n
+        if self.moe.ep * self.moe.tp != experts:
+            what = f"ffn_ranks ({experts})" if self.ffn_ranks else f"the ranks of a stage ({n})"
+            p.append((f"{role}.moe", f"ep x tp = {self.moe.ep}x{self.moe.tp} must equal {what}"))
+        if self.ffn_ranks and (role != "decode" or self.pp > 1):
+            p.append((f"{role}.ffn_ranks", "attention-FFN disaggregation is modelled for a decode instance without "
+                                           "pipeline stages"))
         for name in ("dense_tp", "o_proj_tp", "embed_tp", "lm_head_tp"):
             v = getattr(self, name)
             if n % v:
@@ -235,9 +243,9 @@ class Plan:
     @property
     def ranks(self) -> int:
         if self.disaggregated:
-            return self.prefill.ranks * self.prefill.instances + self.decode.ranks * self.decode.instances
+            return sum((i.ranks + i.ffn_ranks) * i.instances for i in (self.prefill, self.decode))
         inst = self.instance("decode")
-        return inst.ranks * inst.instances
+        return (inst.ranks + inst.ffn_ranks) * inst.instances
 
     def check(self) -> list[tuple[str, str]]:
         p = []

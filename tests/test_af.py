@@ -1,0 +1,85 @@
+"""Attention-FFN disaggregation (npusim.parallel.af): the schedule, both sides' memory, the plan checks, the planner."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import npusim
+from npusim.api import load_setup
+from npusim.errors import NpusimError
+from npusim.parallel.af import af_step, schedule
+from npusim.planner.af import af_plan, size_af
+from npusim.spec.plan import load_plan
+
+R1 = str(Path(__file__).resolve().parents[1] / "workloads" / "models" / "hf" / "DeepSeek-R1" / "config.json")
+
+
+@pytest.fixture(scope="module")
+def setup():
+    return load_setup("cloudmatrix384", R1, "r1-cm384-af", "w8a8c8")
+
+
+def test_schedule_pipelines_microbatches_through_both_sides():
+    layers = [(1.0, 1.0, True)] * 4
+    assert schedule(layers, 1, 0.5, 0.5) == pytest.approx(4 * 3.0)  # one microbatch: the sides take turns
+    # two microbatches with equal sides and no transfer: each side busy 2 per layer, one attention pass to fill
+    assert schedule(layers, 2, 0.0, 0.0) == pytest.approx(4 * 2.0 + 1.0)
+    # transfers longer than the other microbatch's work show again
+    assert schedule(layers, 2, 2.0, 2.0) > schedule(layers, 2, 0.0, 0.0)
+    # a layer without experts never waits for the expert side
+    assert schedule([(1.0, 0.0, False)] * 3, 2, 5.0, 5.0) == pytest.approx(6.0)
+
+
+def test_af_plan_predicts_with_both_sides(setup):
+    p = npusim.predict("cloudmatrix384", R1, "r1-cm384-af", input=4096, output=1, batch=6144, context=4096,
+                       quant="w8a8c8")
+    af = p.af
+    assert p.decode_step == af.time and p.decode_chips == 64
+    assert af.time >= max(af.attention_busy, af.expert_busy)  # neither side can beat its own work
+    assert af.a2e > 0 and af.e2a > af.a2e  # the combine carries BF16 rows, the dispatch INT8
+    assert {"decode", "decode_experts"} <= set(p.memory)
+    # an expert die holds 4 of 256 routed experts of the 58 MoE layers and the MTP layer, INT8, plus the shared
+    # expert of every MoE layer: 3 x 7168 x 2048 weights each
+    expert = 3 * 7168 * 2048
+    assert af.expert_memory.weights == pytest.approx((59 * 4 + 58) * expert * 1.0, rel=0.02)
+    assert af.expert_memory.kv_cache == 0.0
+    assert af.attention_memory.kv_cache > 0
+
+
+def test_microbatches_overlap_the_sides(setup):
+    one = af_step(setup.model, af_plan(setup.plan, 64, 64, 1), setup.system, batch=6144, context=4096,
+                  quant=setup.quant)
+    two = af_step(setup.model, af_plan(setup.plan, 64, 64, 2), setup.system, batch=6144, context=4096,
+                  quant=setup.quant)
+    assert two.time < one.time
+    assert two.attention_utilisation > one.attention_utilisation
+
+
+def test_more_expert_dies_shorten_the_expert_side(setup):
+    steps = [af_step(setup.model, af_plan(setup.plan, 128 - e, e, 2), setup.system, batch=6144, context=4096,
+                     quant=setup.quant) for e in (32, 64)]
+    assert steps[1].experts.time < steps[0].experts.time
+    assert steps[1].attention.time > steps[0].attention.time  # and the fewer attention dies each hold more
+
+
+def test_planner_sizes_the_two_sides(setup):
+    splits = size_af(setup.model, setup.plan, setup.system, ranks=128, batch=6144, context=4096, quant=setup.quant,
+                     microbatches=(2,))
+    assert [s.expert_ranks for s in splits if s.step] and all(256 % s.expert_ranks == 0 for s in splits)
+    times = [s.time for s in splits]
+    assert times == sorted(times)
+    assert any(s.step is None and "expert dies do not fit" in s.reason for s in splits)  # 2 dies: 128 experts each
+    assert splits[0].expert_ranks + splits[0].attention_ranks == 128
+
+
+@pytest.mark.parametrize("override, words", [
+    ({"decode.moe.ep": "32"}, ["decode.moe", "ffn_ranks (64)"]),
+    ({"prefill.ffn_ranks": "32"}, ["prefill.ffn_ranks", "decode instance"]),
+])
+def test_af_plan_errors_name_the_field(override, words):
+    with pytest.raises(NpusimError) as err:
+        load_plan("r1-cm384-af", override)
+    for w in words:
+        assert w in str(err.value)
