@@ -37,7 +37,7 @@ def colocated_parts(pred) -> dict[str, float]:
 def main() -> None:
     co = api.predict(HW, MODEL, "r1-a3-decode-a16", input=CONTEXT, output=1, batch=BATCH, context=CONTEXT,
                      quant=QUANT)
-    setup = api.load_setup(HW, MODEL, "r1-cm384-af", QUANT)
+    setup = api.load_setup(HW, MODEL, "r1-a3-decode-af", QUANT)
     splits = size_af(setup.model, setup.plan, setup.system, ranks=RANKS, batch=BATCH, context=CONTEXT,
                      quant=setup.quant)
     rows = [{"attention dies": s.attention_ranks, "expert dies": s.expert_ranks, "microbatches": s.microbatches,

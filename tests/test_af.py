@@ -18,7 +18,7 @@ R1 = str(Path(__file__).resolve().parents[1] / "workloads" / "models" / "hf" / "
 
 @pytest.fixture(scope="module")
 def setup():
-    return load_setup("cloudmatrix384", R1, "r1-cm384-af", "w8a8c8")
+    return load_setup("cloudmatrix384", R1, "r1-a3-decode-af", "w8a8c8")
 
 
 def test_schedule_pipelines_microbatches_through_both_sides():
@@ -33,7 +33,7 @@ def test_schedule_pipelines_microbatches_through_both_sides():
 
 
 def test_af_plan_predicts_with_both_sides(setup):
-    p = npusim.predict("cloudmatrix384", R1, "r1-cm384-af", input=4096, output=1, batch=6144, context=4096,
+    p = npusim.predict("cloudmatrix384", R1, "r1-a3-decode-af", input=4096, output=1, batch=6144, context=4096,
                        quant="w8a8c8")
     af = p.af
     assert p.decode_step == af.time and p.decode_chips == 64
@@ -74,12 +74,19 @@ def test_planner_sizes_the_two_sides(setup):
     assert splits[0].expert_ranks + splits[0].attention_ranks == 128
 
 
-@pytest.mark.parametrize("override, words", [
-    ({"decode.moe.ep": "32"}, ["decode.moe", "ffn_ranks (64)"]),
-    ({"prefill.ffn_ranks": "32"}, ["prefill.ffn_ranks", "decode instance"]),
+@pytest.mark.parametrize("plan, override, words", [
+    ("r1-a3-decode-af", {"decode.moe.ep": "32"}, ["decode.moe", "ffn_ranks (64)"]),
+    ("r1-a3-prefill-a15", {"prefill.ffn_ranks": "32"}, ["prefill.ffn_ranks", "decode instance"]),
 ])
-def test_af_plan_errors_name_the_field(override, words):
+def test_af_plan_errors_name_the_field(plan, override, words):
     with pytest.raises(NpusimError) as err:
-        load_plan("r1-cm384-af", override)
+        load_plan(plan, override)
     for w in words:
         assert w in str(err.value)
+
+
+def test_emitted_commands_say_af_is_not_expressible(setup):
+    from npusim.results.launch import Limits, launch
+    out = launch("sglang", setup.plan, setup.model, setup.quant, setup.system, Limits(input=4096, output=1024,
+                                                                                        max_batch=8))
+    assert any("ffn_ranks 64" in n and "attention-FFN" in n for n in out.notes)

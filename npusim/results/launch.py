@@ -414,5 +414,10 @@ def launch(framework: str, plan: Plan, model: ModelConfig, quant: QuantScheme, s
     """The launch commands of `plan` in `framework` (a name of workloads/frameworks), with what it cannot express."""
     fw = load_framework(framework)
     ctx = _Context(plan, model, quant, system, limits)
+    for role, inst in (("prefill", plan.prefill), ("decode", plan.decode)):
+        if inst is not None and inst.ffn_ranks:
+            ctx.note(f"{role}.ffn_ranks {inst.ffn_ranks}: {fw.title} has no attention-FFN disaggregation (experts on "
+                     f"dies of their own); the command runs attention and experts co-located on the {inst.ranks} "
+                     "attention ranks")
     commands = EMITTERS[fw.name](ctx, fw)
     return Launch(fw, plan.name, model.name, system.name, quant.name, tuple(commands), tuple(ctx.notes))
