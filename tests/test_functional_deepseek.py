@@ -340,3 +340,82 @@ def test_kernel_verify_reports_shape_tolerance_error_and_verdict(monkeypatch, ca
     with pytest.raises(SystemExit) as stop:
         main(["kernel", "verify", "rope"])
     assert stop.value.code == 1 and "FAIL" in capsys.readouterr().out
+
+
+def compressor64(x, w, ape, norm, ratio, cos, sin, qdq: bool) -> np.ndarray:
+    """Compressor.forward (start_pos 0) in float64: [C | Z] = x w; entry i pools softmax(Z + ape) * C over its block
+    (ratio 4: the previous block's a-half ++ this block's b-half, block -1 C = 0, Z = -inf); RMSNorm (eps 1e-6)
+    times norm; interleaved RoPE of the last dims at the block's first position; qdq: act_quant(kv[..., :-rd], 64,
+    ue8m0) quantised and dequantised (on the bf16 entry)."""
+    cz = x @ w
+    T, half = cz.shape[0], cz.shape[1] // 2
+    ov = ratio == 4
+    d = half // (2 if ov else 1)
+    C, Z = cz[:, :half], cz[:, half:] + np.tile(ape, (T // ratio + 1, 1))[:T]
+    out = []
+    for i in range(T // ratio):
+        b = slice(i * ratio, (i + 1) * ratio)
+        if ov:
+            pc = C[b.start - ratio:b.start, :d] if i else np.zeros((ratio, d))
+            pz = Z[b.start - ratio:b.start, :d] if i else np.full((ratio, d), -np.inf)
+            c, z = np.concatenate([pc, C[b, d:]]), np.concatenate([pz, Z[b, d:]])
+        else:
+            c, z = C[b], Z[b]
+        p = np.exp(z - z.max(0))
+        out.append((p / p.sum(0) * c).sum(0))
+    y = np.array(out)
+    y = y / np.sqrt((y * y).mean(-1, keepdims=True) + 1e-6) * norm
+    r = 2 * cos.shape[1]
+    a, bb = y[:, -r:][:, 0::2].copy(), y[:, -r:][:, 1::2].copy()
+    y[:, -r:][:, 0::2], y[:, -r:][:, 1::2] = a * cos - bb * sin, a * sin + bb * cos
+    if qdq:
+        yb = rnd(y, "bf16")
+        q, s = act_quant_ue8m0(yb[:, :-r], 64)
+        y = yb.copy()
+        y[:, :-r] = rnd(q * np.repeat(s, 64, 1), "bf16")
+    return y
+
+
+def _compressor_inputs(rng, m, ratio, k=256, d=128):
+    ov = 2 if ratio == 4 else 1
+    x, w = rnd(rng.standard_normal((m, k)), "bf16"), rnd(0.1 * rng.standard_normal((k, 2 * ov * d)), "bf16")
+    ape, norm = rnd(0.1 * rng.standard_normal((ratio, ov * d)), "fp32"), rnd(1 + 0.1 * rng.standard_normal(d), "fp32")
+    ang = rng.uniform(0, 3, (m // ratio, 32))
+    return x, w, ape, norm, np.cos(ang), np.sin(ang)
+
+
+@pytest.mark.parametrize("ratio,m", [(4, 40), (128, 256)])
+def test_compressor_fp8_simulation_of_the_nope_dims(ratio, m):
+    """V4's main KV compressor: act_quant(kv[..., :-64], 64, ue8m0, inplace) after norm and RoPE. F.compressor with
+    quant='fp8' leaves the RoPE dims as the unquantised entry's, puts the other dims on ue8m0 fp8 codes (block 64)
+    bit for bit of that entry, and stays within bf16 + one fp8 step of the float64 re-derivation."""
+    x, w, ape, norm, cos, sin = _compressor_inputs(np.random.default_rng(ratio), m, ratio)
+    plain = F.compressor(x, w, ape, norm, ratio, cos, sin)
+    got = F.compressor(x, w, ape, norm, ratio, cos, sin, quant="fp8")
+    assert np.array_equal(got[:, -64:], plain[:, -64:])
+    q, s = act_quant_ue8m0(plain[:, :-64], 64)
+    assert np.array_equal(got[:, :-64], rnd(q * np.repeat(s, 64, 1), "bf16"))
+    ref0 = compressor64(x, w, ape, norm, ratio, cos, sin, False)
+    assert np.abs(plain - ref0).max() <= 2.0 ** -7 * np.abs(ref0).max()
+    ref = compressor64(x, w, ape, norm, ratio, cos, sin, True)
+    assert np.abs(got - ref).max() <= 2.0 ** -3 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("ratio,prefill,total", [(4, 0, 24), (4, 10, 24), (128, 100, 256)])
+def test_compressor_decode_carries_the_pooling_state(ratio, prefill, total):
+    """Compressor.forward token by token (start_pos > 0) after a prefill of `prefill` tokens: the carried
+    kv_state / score_state give the entries the whole-sequence prefill gives (within bf16), at the blocks' ends."""
+    x, w, ape, norm, cos, sin = _compressor_inputs(np.random.default_rng(ratio + prefill), total, ratio)
+    full = F.compressor(x, w, ape, norm, ratio, cos, sin)
+    st = F.compressor_state(x[:prefill], w, ape, ratio)
+    got = list(F.compressor(x[:prefill], w, ape, norm, ratio, cos[:prefill // ratio], sin[:prefill // ratio])
+               if prefill else [])
+    for pos in range(prefill, total):
+        e = (pos + 1) // ratio - 1
+        entry, st = F.compressor_decode(x[pos], pos, st, w, ape, norm, cos[e:e + 1], sin[e:e + 1])
+        assert (entry is not None) == ((pos + 1) % ratio == 0)
+        if entry is not None:
+            got.append(entry)
+    assert np.abs(np.array(got) - full).max() <= 2.0 ** -7 * np.abs(full).max()
+    ref = compressor64(x, w, ape, norm, ratio, cos, sin, False)
+    assert np.abs(np.array(got) - ref).max() <= 2.0 ** -7 * np.abs(ref).max()

@@ -21,8 +21,7 @@ RNG = np.random.default_rng(7)
                                   "moe_permute", "embedding", "cache_update"])
 def test_traced_execution_matches_float64(name):
     for e in verify.VERIFY[name]({}, RNG):
-        assert e.max_rel < 1e-2, e  # bf16 outputs; fp32 mixes far tighter
-        assert e.exact in (None, True) and e.passed, e  # within its result format's tolerance
+        assert e.exact in (None, True) and e.passed, e  # within its result format's tolerance (bf16: 2^-7)
 
 
 @pytest.mark.parametrize("t,h,d", [(7, 4, 64), (1, 5, 64), (100, 3, 32)])

@@ -276,6 +276,6 @@ def v4_sparse_attn(q: np.ndarray, kv: np.ndarray, sink: np.ndarray, topk_idxs: n
                         dtype=dtype, chip=chip, **tiles)
 
 
-from npusim.functional.layer_ops import (cache_update, compressor, dequantise, embedding, mhc_post,  # noqa: E402
-                                         mhc_pre, moe_combine, moe_gate, moe_permute, quantise, rope, sinkhorn,
-                                         swiglu)
+from npusim.functional.layer_ops import (CompressorState, cache_update, compressor, compressor_decode,  # noqa: E402
+                                         compressor_state, dequantise, embedding, mhc_post, mhc_pre, moe_combine,
+                                         moe_gate, moe_permute, quantise, rope, sinkhorn, swiglu)

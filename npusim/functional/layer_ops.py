@@ -1,11 +1,16 @@
 """The ops around attention and the experts, executed by their kernels' tile traces (re-exported by
 `npusim.functional`): mHC pre/post and Sinkhorn, MoE gate and combine, the KV Compressor, RoPE, quantise /
-dequantise, SwiGLU, the MoE routing permutations, embedding. Shapes follow models.md §1-2; T tokens, n residual streams, d hidden."""
+dequantise, SwiGLU, the MoE routing permutations, embedding. Shapes follow models.md §1-2; T tokens, n residual
+streams, d hidden. Limit: the Compressor's decode step runs its GEMM as a trace and its pooling / norm / RoPE as
+the kernel's actions on the carried state (the prefill kernel has no per-token state in GM)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from npusim.errors import NpusimError
 from npusim.functional.numerics import rnd
 from npusim.functional.rotary import Rotary
 from npusim.kernels import projection, vector
@@ -145,17 +150,100 @@ def moe_gate(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, topk: int, g
 
 
 def compressor(x: np.ndarray, w: np.ndarray, ape: np.ndarray, norm: np.ndarray, ratio: int, cos: np.ndarray,
-               sin: np.ndarray, chip: str | Chip = "910b2", **tiles: int) -> np.ndarray:
+               sin: np.ndarray, quant: str = "", chip: str | Chip = "910b2", **tiles: int) -> np.ndarray:
     """KV Compressor (models.md §2.3) of positions 0 .. T-1: x [T, k], w [k, 2*overlap*d] (= [Wkv | Wgate]),
     ape [ratio, overlap*d], norm [d], cos / sin [T//ratio, rope/2] -> entries [T//ratio, d] (bf16 values);
-    overlap 2 when ratio is 4 (CSA), else 1."""
+    overlap 2 when ratio is 4 (CSA), else 1. quant 'fp8': the V4 main KV's fp8 simulation of the non-RoPE dims
+    (act_quant(kv[..., :-rope], 64, ue8m0, inplace): quantised and dequantised by the Quantise / Dequantise traces)."""
     T, k = x.shape
     overlap = 2 if ratio == 4 else 1
     kern = projection.Compressor(T, k, w.shape[1], ratio, overlap, 0, 2 * cos.shape[1], **tiles)
     E = kern.count
     t = {"x": rnd(x, "bf16"), "w": rnd(w, "bf16"), "ape": rnd(ape, "fp32"), "norm": rnd(norm, "fp32")[None],
          "cossin": np.concatenate([cos, sin], 1), "out": np.zeros((E, kern.d))}
-    return _run(kern, t, chip)["out"]
+    return _simulate_quant(_run(kern, t, chip)["out"], 2 * cos.shape[1], quant, chip)
+
+
+def _simulate_quant(entries: np.ndarray, rope: int, quant: str, chip) -> np.ndarray:
+    """The non-RoPE dims quantised and dequantised in 64-element blocks (V4's QAT simulation); '' leaves them."""
+    if not quant or not len(entries):
+        return entries
+    if quant != "fp8":
+        raise NpusimError(f"compressor: quant must be '' or 'fp8' (V4's main KV), got '{quant}'", field="quant")
+    out = entries.copy()
+    q, s = quantise(entries[:, :-rope], "fp8", 64, chip)
+    out[:, :-rope] = dequantise(q, s, "fp8", 64, chip)
+    return out
+
+
+@dataclass
+class CompressorState:
+    """The reference Compressor's carried pooling state (kv_state / score_state): fp32 rows of C and of Z + ape,
+    [coff * ratio, coff * d]; with overlap (ratio 4) rows ratio.. hold the current block's tokens and rows ..ratio
+    the previous block's (their a-half pooled into the next entry); empty rows have C = 0, Z = -inf."""
+
+    ratio: int
+    kv: np.ndarray
+    score: np.ndarray
+
+    @classmethod
+    def empty(cls, ratio: int, d: int) -> "CompressorState":
+        coff = 2 if ratio == 4 else 1
+        return cls(ratio, np.zeros((coff * ratio, coff * d)), np.full((coff * ratio, coff * d), -np.inf))
+
+    @property
+    def overlap(self) -> bool:
+        return self.ratio == 4
+
+
+def compressor_state(x: np.ndarray, w: np.ndarray, ape: np.ndarray, ratio: int,
+                     chip: str | Chip = "910b2") -> CompressorState:
+    """The state a prefill of positions 0 .. T-1 leaves (Compressor.forward at start_pos 0): the tokens after the
+    last complete block, and with overlap that block's rows; [C | Z] by the traced bf16 GEMM in fp32."""
+    from npusim.functional import gemm
+
+    T, half = x.shape[0], w.shape[1] // 2
+    st = CompressorState.empty(ratio, half // (2 if ratio == 4 else 1))
+    if not T:
+        return st
+    cz = gemm(rnd(x, "bf16"), w, "bf16", "fp32", chip)
+    cut, ape = T - T % ratio, rnd(ape, "fp32")
+    if st.overlap and cut >= ratio:
+        st.kv[:ratio], st.score[:ratio] = cz[cut - ratio:cut, :half], cz[cut - ratio:cut, half:] + ape
+    off = ratio if st.overlap else 0
+    st.kv[off:off + T - cut], st.score[off:off + T - cut] = cz[cut:, :half], cz[cut:, half:] + ape[:T - cut]
+    return st
+
+
+def compressor_decode(x: np.ndarray, pos: int, state: CompressorState, w: np.ndarray, ape: np.ndarray,
+                      norm: np.ndarray, cos: np.ndarray, sin: np.ndarray, quant: str = "",
+                      chip: str | Chip = "910b2") -> tuple[np.ndarray | None, CompressorState]:
+    """One decode token x [k] at position `pos` (Compressor.forward at start_pos = pos): its [C | Z] (the traced
+    GEMM) joins the state; when it completes a block ((pos + 1) % ratio == 0) the entry pools the state by the
+    kernel's pool action (softmax of Z + ape over the rows, weights on C; overlap: the previous block's a-half and
+    this block's b-half), then RMSNorm and RoPE at the block's first position (cos / sin [1, rope/2]) by its
+    norm_rope action, bf16, and `quant`. Returns (entry [d] or None, the new state)."""
+    from npusim.functional import gemm, vector_ops
+
+    r = state.ratio
+    cz = gemm(rnd(np.asarray(x)[None], "bf16"), w, "bf16", "fp32", chip)[0]
+    half = cz.shape[0] // 2
+    kv, score = state.kv.copy(), state.score.copy()
+    row = (r if state.overlap else 0) + pos % r
+    kv[row], score[row] = cz[:half], cz[half:] + rnd(ape, "fp32")[pos % r]
+    new = CompressorState(r, kv, score)
+    if (pos + 1) % r:
+        return None, new
+    d = half // (2 if state.overlap else 1)
+    if state.overlap:
+        c, z = np.concatenate([kv[:r, :d], kv[r:, d:]]), np.concatenate([score[:r, :d], score[r:, d:]])
+        new = CompressorState(r, np.concatenate([kv[r:], kv[r:]]), np.concatenate([score[r:], score[r:]]))
+    else:
+        c, z = kv, score
+    pooled = rnd(vector_ops.pool(c, z, np.zeros((1, z.shape[1])), shape=(1, d), entry=1, c0=0, d=d), "fp32")
+    entry = rnd(vector_ops.norm_rope(pooled, rnd(norm, "fp32")[None], np.concatenate([cos, sin], 1),
+                                     shape=(1, d), rope=2 * cos.shape[1]), "bf16")
+    return _simulate_quant(entry, 2 * cos.shape[1], quant, chip)[0], new
 
 
 def cache_update(cache: np.ndarray, x: np.ndarray, slots: np.ndarray, chip: str | Chip = "910b2") -> np.ndarray:
