@@ -3,7 +3,7 @@
 import pytest
 
 from npusim import api
-from npusim.planner.space import Layout, plan_document
+from npusim.planner.space import Layout, SearchSpace, plan_document
 from npusim.spec.plan import load_plan
 
 R1 = dict(hw="cloudmatrix384", model="deepseek-v3.1", input=2048, output=256, batch=256, quant="w8a8c8")
@@ -34,6 +34,12 @@ def test_planner_writes_each_phase_its_own_streams():
     assert doc["prefill"]["streams"] == {"two_microbatch": True}
     assert doc["decode"]["streams"] == {"two_microbatch": False}
     assert "two_microbatch" not in doc["streams"]
+    split = plan_document(None, Layout(128, two_microbatch=True, attention_cores=16))
+    assert split["decode"]["streams"] == {"two_microbatch": True, "attention_cores": 16}
+    space = SearchSpace(sizes=(16,), max_ranks=16, attention_tp=(1,), o_proj_tp=(1,), dense_tp=(1,), mtp_depths=(0,),
+                        aic=24)
+    assert {(x.two_microbatch, x.attention_cores) for x in space.decode_layouts()} == {(False, 0), (True, 0), (True, 16)}
+    assert {x.attention_cores for x in space.prefill_layouts()} == {0}
 
 
 def test_decode_only_plan_reports_no_ttft(cli):

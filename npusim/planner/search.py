@@ -379,7 +379,8 @@ def search(hw: str, model: str, *, input: int, output: int, slo: Slo, max_chips:
     budget = system.ranks if max_chips is None else min(system.ranks, int(max_chips * dies))
     space = space or SearchSpace()
     room = budget - space.min_ranks  # the largest instance that leaves room for the other role
-    space = replace(space, max_ranks=min(space.max_ranks, room) if space.max_ranks else room)
+    space = replace(space, max_ranks=min(space.max_ranks, room) if space.max_ranks else room,
+                    aic=space.aic or system.chip_spec.aic.count)
     workers = workers if workers is not None else min(2, os.cpu_count() or 1)
     if budget < 2 * space.min_ranks or not space.rank_counts:
         raise NpusimError(f"{budget} ranks cannot hold a prefill and a decode instance of {space.min_ranks} ranks "

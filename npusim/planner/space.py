@@ -34,6 +34,7 @@ class Layout:
     o_proj_tp: int = 1
     dense_tp: int = 1
     two_microbatch: bool = False
+    attention_cores: int = 0  # with two microbatches: AIC of the attention partition (0 = no core split)
     mtp_depth: int = 0
 
     @property
@@ -60,7 +61,7 @@ class Layout:
         attn += f"xTP{self.attention_tp}" if self.attention_tp > 1 else ""
         moe = f"EP{self.ranks // self.moe_tp}" + (f"xTP{self.moe_tp}" if self.moe_tp > 1 else "")
         extra = [f"oTP{self.o_proj_tp}"] + ([f"dTP{self.dense_tp}"] if self.dense_tp > 1 else [])
-        extra += ["2mb"] if self.two_microbatch else []
+        extra += [f"2mb{self.attention_cores}+" if self.attention_cores else "2mb"] if self.two_microbatch else []
         extra += [f"MTP{self.mtp_depth}"] if self.mtp_depth else []
         return f"{self.ranks}r {attn} {moe} " + " ".join(extra)
 
@@ -71,7 +72,9 @@ def plan_document(prefill: Layout | None, decode: Layout | None, description: st
     doc: dict = {"description": description} if description else {}
     for role, layout in (("prefill", prefill), ("decode", decode)):
         if layout is not None:
-            doc[role] = layout.instance() | {"streams": {"two_microbatch": layout.two_microbatch}}
+            own = {"two_microbatch": layout.two_microbatch}
+            own |= {"attention_cores": layout.attention_cores} if layout.attention_cores else {}
+            doc[role] = layout.instance() | {"streams": own}
     doc["streams"] = {"shared_expert_side_stream": True, "comm_overlap": True}
     depth = decode.mtp_depth if decode is not None else 0
     if depth:
@@ -91,6 +94,11 @@ class SearchSpace:
     o_proj_tp: tuple[int, ...] = (1, 8)
     dense_tp: tuple[int, ...] = (1, 4)
     two_microbatch: tuple[bool, ...] = (False, True)
+    # decode with two microbatches may also split the cores, attention of one microbatch beside the MoE path of the
+    # other: the share of a rank's AIC given to attention (CloudMatrix-Infer, arXiv 2506.12708: 16 of 24). Prefill
+    # does not split: a long prompt's attention is core-bound (experiments/seed_optimisations.py: slower)
+    core_split: tuple[float, ...] = (2 / 3,)
+    aic: int = 0  # AIC per rank, set by the search from the chip (0: no core split searched)
     mtp_depths: tuple[int, ...] = (0, 1, 3)
     batch_per_replica: tuple[int, ...] = _powers_of_two(1, 256)
     sizes: tuple[int, ...] = ()  # instance sizes to try; () = every power of two in [min_ranks, max_ranks]
@@ -108,12 +116,19 @@ class SearchSpace:
             for moe_tp in self.moe_tp:
                 for o_tp in self.o_proj_tp:
                     for d_tp in self.dense_tp:
-                        for two_mb in self.two_microbatch:
+                        for two_mb, cores in self._schedules(role):
                             for depth in (self.mtp_depths if role == "decode" else (0,)):
                                 if ranks % (tp * moe_tp) or ranks % o_tp or ranks % d_tp or (o_tp > 1 and o_tp % tp):
                                     continue
                                 cp = ranks // tp if role == "prefill" else 1
-                                out.append(Layout(ranks, tp, cp, moe_tp, o_tp, d_tp, two_mb, depth))
+                                out.append(Layout(ranks, tp, cp, moe_tp, o_tp, d_tp, two_mb, cores, depth))
+        return out
+
+    def _schedules(self, role: str) -> list[tuple[bool, int]]:
+        """(two microbatches, attention AIC) pairs searched for a role."""
+        out = [(two_mb, 0) for two_mb in self.two_microbatch]
+        if role == "decode" and True in self.two_microbatch and self.aic:
+            out += [(True, round(share * self.aic)) for share in self.core_split if 0 < round(share * self.aic) < self.aic]
         return out
 
     def prefill_layouts(self) -> list[Layout]:
