@@ -221,3 +221,11 @@ def test_cli_predict_and_plan_emit(cli, tmp_path):
     for name in ("sglang", "vllm-ascend"):
         script = (tmp_path / f"p.{name}.sh").read_text()
         assert script in r.stdout and "plan p:" in script
+
+
+def test_each_role_is_emitted_with_its_own_streams():
+    setup = api.load_setup("cloudmatrix384", "deepseek-v3.1", "r1-a3-sglang-pd-tp2", "w8a8",
+                           {"plan.prefill.streams.two_microbatch": "true"})
+    roles = parsed(launch("sglang", setup.plan, setup.model, setup.quant, setup.system, LIMITS))
+    assert "--enable-two-batch-overlap" in roles["prefill"][0]
+    assert "--enable-two-batch-overlap" not in roles["decode"][0]  # the prefill's microbatches stay on prefill

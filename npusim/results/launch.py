@@ -211,13 +211,13 @@ def _sglang_role(ctx: _Context, role: str, inst: Instance) -> Args:
     if inst.embed_tp != embed:
         ctx.note(f"{role}.embed_tp {inst.embed_tp}: SGLang's embedding is "
                  + ("replicated under DP attention" if a.dp > 1 else f"split over the TP group ({n})"))
-    if inst.microbatches == 2 or pl.streams.two_microbatch:
+    if inst.microbatches == 2 or pl.streams_of(role).two_microbatch:
         args.append(("--enable-two-batch-overlap", None))
     drafts = ctx.drafts(role)
     if drafts:
         args += [("--speculative-algorithm", "NEXTN"), ("--speculative-num-steps", str(drafts)),
                  ("--speculative-eagle-topk", "1"), ("--speculative-num-draft-tokens", str(drafts + 1))]
-    if not pl.streams.graph_mode:
+    if not pl.streams_of(role).graph_mode:
         args.append(("--disable-cuda-graph", None))
     lim = ctx.limits
     running = lim.prefill_requests if role == "prefill" else lim.max_batch * a.dp
@@ -305,7 +305,7 @@ def _vllm_role(ctx: _Context, role: str, inst: Instance) -> tuple[Args, dict]:
         ctx.note(f"{role}.moe.fused_dispatch_tokens 0: vLLM-Ascend picks MC2 below its mc2 token capacity; no flag "
                  "forces the bulk all-to-all")
     grained = {}
-    decode_node = role == "decode" and pl.disaggregated and pl.streams.graph_mode
+    decode_node = role == "decode" and pl.disaggregated and pl.streams_of(role).graph_mode
     for name, key, value in (("o_proj_tp", "oproj_tensor_parallel_size", inst.o_proj_group),
                              ("dense_tp", "mlp_tensor_parallel_size", inst.dense_tp),
                              ("embed_tp", "embedding_tensor_parallel_size", inst.embed_tp),
@@ -321,9 +321,9 @@ def _vllm_role(ctx: _Context, role: str, inst: Instance) -> tuple[Args, dict]:
             ctx.note(f"{role}.{name} {value}: vLLM-Ascend's finegrained_tp_config.{key} {why}; it follows TP ({tp})")
     if grained:
         extra["finegrained_tp_config"] = grained
-    if pl.streams.shared_expert_side_stream:
+    if pl.streams_of(role).shared_expert_side_stream:
         extra["multistream_overlap_shared_expert"] = True
-    if inst.microbatches == 2 or pl.streams.two_microbatch:
+    if inst.microbatches == 2 or pl.streams_of(role).two_microbatch:
         ctx.note("two-microbatch overlap: vLLM-Ascend documents no switch for it")
     q = ctx.quant.name
     if q.endswith("c8"):
@@ -335,7 +335,7 @@ def _vllm_role(ctx: _Context, role: str, inst: Instance) -> tuple[Args, dict]:
     drafts = ctx.drafts(role)
     if drafts:
         args.append(("--speculative-config", _json({"num_speculative_tokens": drafts, "method": "deepseek_mtp"})))
-    if role == "prefill" or not pl.streams.graph_mode:
+    if role == "prefill" or not pl.streams_of(role).graph_mode:
         args.append(("--enforce-eager", None))
     else:
         args.append(("--compilation-config", _json({"cudagraph_mode": "FULL_DECODE_ONLY"})))
