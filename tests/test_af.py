@@ -30,6 +30,11 @@ def test_schedule_pipelines_microbatches_through_both_sides():
     assert schedule(layers, 2, 2.0, 2.0) > schedule(layers, 2, 0.0, 0.0)
     # a layer without experts never waits for the expert side
     assert schedule([(1.0, 0.0, False)] * 3, 2, 5.0, 5.0) == pytest.approx(6.0)
+    # three attention domains on their own dies take turns on the experts: attention 2, experts 1 per domain keep
+    # the experts always busy (3 x 1 per layer while each domain computes 2 and waits 1); the last domain's first
+    # expert pass starts 2 later: 2 + 3 per layer + its own turn
+    assert schedule([(2.0, 1.0, True)] * 4, 1, 0.0, 0.0, domains=3) == pytest.approx(2.0 + 4 * 3.0)
+    assert schedule([(2.0, 1.0, True)] * 4, 1, 0.0, 0.0, domains=1) == pytest.approx(4 * 3.0)
 
 
 def test_af_plan_predicts_with_both_sides(setup):

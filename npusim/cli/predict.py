@@ -86,7 +86,7 @@ def run(args) -> None:
           f"({CostParams().describe()}); system {price.decode_system_joules_per_token:.3g} J per output token")
     if pred.af:
         af, e = pred.af, pred.memory["decode_experts"]
-        print(f"AF     {af.microbatches} microbatches: attention {af.attention.time * 1e3:.2f} ms and experts "
+        print(f"AF     {af.domains} attention domains x {af.microbatches} microbatches: attention {af.attention.time * 1e3:.2f} ms and experts "
               f"{af.experts.time * 1e3:.2f} ms per microbatch, A2E {af.a2e * 1e6:.1f} us + E2A {af.e2a * 1e6:.1f} us "
               f"per MoE layer; busy {100 * af.attention_utilisation:.0f} % / {100 * af.expert_utilisation:.0f} % of "
               f"the step; expert die memory {e.total / 2**30:.2f} GiB (weights {e.weights / 2**30:.2f})")

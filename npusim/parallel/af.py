@@ -10,10 +10,12 @@ the tokens the die receives. Every MoE layer, each attention die sends its token
 collectives are: an all-to-all fan-out from every attention die over the expert dies and a fan-in at every expert
 die from the attention dies, the slower of the two, on the tier spanning both sides.
 
-Schedule: the step's batch is split into `microbatches` (the instance's field). A microbatch's layer runs its
-attention part on the attention dies, travels, runs its experts on the expert dies and travels back before its next
-layer's attention can start; each side runs one microbatch at a time in order, and transfers overlap both sides'
-work (they use the links, not the cores). With one microbatch the sides take turns idling; with m the attention of
+Schedule: the attention ranks form `attention_domains` domains (xDeepServe's DP domains: disjoint sets of attention
+dies, each with its own sequences, taking turns on the one expert pool), and each domain's batch is split into
+`microbatches` (time-sliced on the same dies). A microbatch's layer runs its attention part on its domain's dies,
+travels, runs its experts on the expert dies and travels back before its next layer's attention can start; each
+domain and the expert side run one microbatch at a time in order, and transfers overlap the work (they use the
+links, not the cores). With one microbatch the sides take turns idling; with m the attention of
 microbatch i+1 runs while the experts of microbatch i do, so the step tends to L x max(m a, m f) instead of
 L x (a + s + f + r) per m-th of the batch. Each side's per-microbatch layer time is its kernels on the engine, as in
 every other prediction, at the microbatch's tokens (weights are read again by every microbatch).
@@ -48,10 +50,11 @@ class AfStep:
     """One AF decode step: the schedule's makespan and what each side did in it."""
 
     time: float
-    microbatches: int
+    microbatches: int  # per attention domain
+    domains: int  # attention domains sharing the expert dies
     attention: StepTime  # one microbatch's layers on an attention die
-    experts: StepTime  # one microbatch's MoE layers on an expert die
-    a2e: float  # one microbatch's transfer to the experts, per MoE layer
+    experts: StepTime  # one domain's microbatch's MoE layers on an expert die
+    a2e: float  # one domain's microbatch's transfer to the experts, per MoE layer
     e2a: float  # and back
     attention_busy: float  # seconds of the step the attention dies compute
     expert_busy: float
@@ -95,28 +98,31 @@ def _transfer(rows_out: float, rows_in: float, row_bytes: float, senders: int, r
     return max(fan(rows_out * row_bytes, receivers), fan(rows_in * row_bytes, senders))
 
 
-def schedule(layers: list[tuple[float, float, bool]], m: int, a2e: float, e2a: float) -> float:
-    """Makespan of m microbatches through the layers: (attention time, expert time, has experts) per layer."""
-    attention_free = expert_free = 0.0
-    ready = [0.0] * m
+def schedule(layers: list[tuple[float, float, bool]], m: int, a2e: float, e2a: float, domains: int = 1) -> float:
+    """Makespan of m microbatches in each of `domains` attention domains through the layers: (attention time of a
+    microbatch on its domain, expert time of one domain's microbatch, has experts) per layer."""
+    attention_free = [0.0] * domains
+    expert_free = 0.0
+    ready = [[0.0] * m for _ in range(domains)]
     for a, f, moe in layers:
         for i in range(m):
-            a_end = max(attention_free, ready[i]) + a
-            attention_free = a_end
-            if moe:
-                f_end = max(expert_free, a_end + a2e) + f
-                expert_free = f_end
-                ready[i] = f_end + e2a
-            else:
-                ready[i] = a_end
-    return max(ready)
+            for d in range(domains):
+                a_end = max(attention_free[d], ready[d][i]) + a
+                attention_free[d] = a_end
+                if moe:
+                    f_end = max(expert_free, a_end + a2e) + f
+                    expert_free = f_end
+                    ready[d][i] = f_end + e2a
+                else:
+                    ready[d][i] = a_end
+    return max(max(r) for r in ready)
 
 
 def af_step(model: ModelConfig, plan: Plan, system: System, *, batch: int, context: int,
             quant: QuantScheme) -> AfStep:
     """The AF decode step of the global `batch` at `context` under the plan's decode instance."""
     inst = plan.instance("decode")
-    m = inst.microbatches
+    m, domains = inst.microbatches, inst.attention_domains
     mb = math.ceil(batch / m)
     attention_dies, expert_dies = inst.ranks * inst.instances, inst.ffn_ranks * inst.instances
     # AF's microbatches replace the two-microbatch overlap; the shared expert runs on the expert dies
@@ -126,26 +132,27 @@ def af_step(model: ModelConfig, plan: Plan, system: System, *, batch: int, conte
     e_inst = dataclasses.replace(inst, ranks=inst.ffn_ranks, ffn_ranks=0, attention=Attention(dp=inst.ffn_ranks),
                                  o_proj_tp=1, dense_tp=1, embed_tp=1, lm_head_tp=1, streams=None)
     e_plan = dataclasses.replace(a_plan, decode=e_inst, prefill=None)
-    e_step = shard(model, e_plan, "decode", batch=mb, length=context, quant=quant)
+    e_step = shard(model, e_plan, "decode", batch=math.ceil(mb / domains), length=context, quant=quant)
     a_layers = tuple(layer_time(_attention_layer(layer), a_plan, system) for layer in a_step.layers)
     e_parts = [(i, _expert_layer(layer)) for i, layer in enumerate(e_step.layers)]
     e_times = {i: layer_time(layer, e_plan, system) for i, layer in e_parts if layer is not None}
     h, k = model.hidden_size, model.num_experts_per_tok
     tokens = a_step.tokens  # per attention die in a microbatch
     rows_out = tokens * k
-    rows_in = rows_out * attention_dies / expert_dies * plan.eplb.imbalance
+    senders = attention_dies // domains  # one domain's dies send a microbatch
+    rows_in = rows_out * senders / expert_dies * plan.eplb.imbalance
     act = quant.activation.bytes_per_element() if quant.activation.quantised else 2.0
-    a2e = _transfer(rows_out, rows_in, h * act, attention_dies, expert_dies, system)
-    e2a = _transfer(rows_out, rows_in, h * 2.0, attention_dies, expert_dies, system)
+    a2e = _transfer(rows_out, rows_in, h * act, senders, expert_dies, system)
+    e2a = _transfer(rows_out, rows_in, h * 2.0, senders, expert_dies, system)
     sequence = []
     for i, lt in enumerate(a_layers):
         f = e_times[i].time if i in e_times else 0.0
         sequence += [(lt.time, f, i in e_times)] * lt.repeat
-    time = schedule(sequence, m, a2e, e2a)
+    time = schedule(sequence, m, a2e, e2a, domains)
     experts = StepTime("decode", sum(t.time * t.repeat for t in e_times.values()), tuple(e_times.values()))
     attention = StepTime("decode", sum(t.time * t.repeat for t in a_layers), a_layers)
-    return AfStep(time=time, microbatches=m, attention=attention, experts=experts, a2e=a2e, e2a=e2a,
-                  attention_busy=m * attention.time, expert_busy=m * experts.time,
+    return AfStep(time=time, microbatches=m, domains=domains, attention=attention, experts=experts, a2e=a2e,
+                  e2a=e2a, attention_busy=m * attention.time, expert_busy=m * domains * experts.time,
                   attention_memory=_attention_memory(model, plan, a_step, quant, system, context, m),
                   expert_memory=_expert_memory(model, plan, e_step, quant, system))
 

@@ -73,6 +73,8 @@ class Instance:
     ffn_ranks: int = count(default=0, minimum=0,
                            doc="attention-FFN disaggregation (decode): this many further ranks hold the routed and "
                                "shared experts (moe.ep x moe.tp of them) while `ranks` run attention; 0 = co-located")
+    attention_domains: int = count(default=1, doc="AF: the attention ranks split into this many domains of their own "
+                                                  "sequences, which take turns on the shared expert dies")
     streams: Streams | None = field(default=None, metadata={
         "doc": "this role's streams and schedule, over the plan-level `streams` (fields not written here keep the "
                "plan's); none: the plan's"})
@@ -100,6 +102,9 @@ class Instance:
         if self.moe.ep * self.moe.tp != experts:
             what = f"ffn_ranks ({experts})" if self.ffn_ranks else f"the ranks of a stage ({n})"
             p.append((f"{role}.moe", f"ep x tp = {self.moe.ep}x{self.moe.tp} must equal {what}"))
+        if self.attention_domains > 1 and (not self.ffn_ranks or n % self.attention_domains):
+            p.append((f"{role}.attention_domains", f"{self.attention_domains} must divide the attention ranks ({n}) of "
+                                                   "an attention-FFN disaggregated instance (ffn_ranks > 0)"))
         if self.ffn_ranks and (role != "decode" or self.pp > 1):
             p.append((f"{role}.ffn_ranks", "attention-FFN disaggregation is modelled for a decode instance without "
                                            "pipeline stages"))
