@@ -38,6 +38,7 @@ COL_ALIGN_BYTES = 512  # column tiles 512 B aligned (same source)
 MIN_COL_BYTES = 1024  # and at least 1 KB of a row (same source)
 FORMATS = {"fp8e4m3": 1.0, "fp8e5m2": 1.0, "fp4e2m1": 0.5, "e8m0": 1.0}  # element formats beside the chip's dtypes
 EXACT = {"e8m0": ""}  # power-of-two scales are stored exactly (no rounding step)
+HALF = ("bf16", "fp16")  # 16-bit floats the vector steps take to fp32 and back (Cast)
 
 
 def rnd_as(dtype: str) -> str:
@@ -216,17 +217,30 @@ class Tiled(Kernel):
 
     @stage
     def compute(self, v: Code, q: Queues, t: Tile) -> None:
-        """Vector: the steps in fp32 from the in buffer to the out buffer, FLOPs scaled by the column tile."""
+        """Vector: the steps in fp32 from the in buffer to the out buffer, FLOPs scaled by the column tile. Steps that
+        compute (FLOPs) take their 16-bit float inputs to fp32 and their outputs back with a vector Cast each, one
+        64-lane fp32 repeat per cycle (the TileLang mhc_post's T.tile.cast of every stream in and out, CANN's
+        bf16 kernels' Cast to float): timed as a pass over the fp32 elements, functionally the loads' and stores'
+        roundings."""
         steps, c0 = self.steps(), lin(("ct", t.bc))
+        computes = any(s.flops for s in steps)
         for i, s in enumerate(steps):
             if i == 0:
                 v.deque(q.inq)
                 v.alloc(q.outq)
+                for o in self.inputs() if computes else ():
+                    if o.dtype in HALF:
+                        v.op("vector", f"cast_{o.name}", bytes=4.0 * t.bt * o.per * t.cols(o), dtype="fp32",
+                             src="ub", dst="ub")
             cols = t.cols(s.out)
             act = Act(s.op, t.ub(s.out), tuple(Ref(f"ub.{n}", (0, 0), (-1, -1)) for n in s.ins), rnd_as(s.out.dtype),
                       s.args + (("tokens", t.bt), ("col0", c0)))
             v.op("vector", s.op, act, flops=s.flops * t.bt * (t.bc / t.W if s.out.split else 1.0),
                  bytes=4.0 * t.bt * s.out.per * cols, dtype="fp32", src="ub", dst="ub")
+        for o in self.outputs() if computes else ():
+            if o.dtype in HALF:
+                v.op("vector", f"cast_{o.name}", bytes=4.0 * t.bt * o.per * t.cols(o), dtype="fp32", src="ub",
+                     dst="ub")
         v.free(q.inq)
         v.enque(q.outq, to="scalar" if q.soft else "")
 
