@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,22 @@ def test_emitted_commands_say_af_is_not_expressible(setup):
     out = launch("sglang", setup.plan, setup.model, setup.quant, setup.system, Limits(input=4096, output=1024,
                                                                                         max_batch=8))
     assert any("ffn_ranks 64" in n and "attention-FFN" in n for n in out.notes)
+
+
+def test_plan_af_cli_writes_the_fastest_split_and_predict_confirms_it(tmp_path):
+    import subprocess
+    import sys
+    out = tmp_path / "af.yaml"
+    base = [sys.executable, "-m", "npusim.cli.main"]
+    run = subprocess.run(base + ["plan-af", "--model", R1, "--plan", "r1-a3-decode-a16", "--ranks", "64", "--batch",
+                                 "2048", "--quant", "w8a8c8", "--microbatches", "2", "--domains", "1",
+                                 "--format", "json", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    rows = [r for r in json.loads(run.stdout)["rows"] if not r["refused"]]
+    assert rows[0]["step_ms"] == min(r["step_ms"] for r in rows)
+    p = npusim.predict("cloudmatrix384", R1, str(out), input=4096, output=1, batch=2048, context=4096,
+                       quant="w8a8c8")
+    assert p.decode_step * 1e3 == pytest.approx(rows[0]["step_ms"], rel=1e-9)
+    assert p.decode_chips == 32
+    bad = subprocess.run(base + ["plan-af", "--ranks", "1"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--ranks" in bad.stderr and "Traceback" not in bad.stderr

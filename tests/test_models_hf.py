@@ -161,3 +161,18 @@ def test_ignored_keys_are_listed_and_do_not_change_cost(tmp_path, models):
     changed = load_model(_variant(tmp_path, "GLM-5", rms_norm_eps=1e-6, rope_parameters={"rope_theta": 1}))
     assert parameters(changed).total == parameters(glm).total
     assert cache_footprint(changed, get_quant("bf16")) == cache_footprint(glm, get_quant("bf16"))
+
+
+def test_cli_shows_glm5_and_lists_what_it_ignores():
+    import subprocess
+    import sys
+    run = subprocess.run([sys.executable, "-m", "npusim.cli.main", "model", "show", config("GLM-5"), "--verbose",
+                          "--format", "json"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert "glm_moe_dsa (npusim family deepseek_v32)" in out["config model_type"]
+    assert "rope_parameters" in out["ignored config keys (no effect on cost)"]
+    assert {r["layer"] for r in out["rows"]} >= {"dsa-dense x3", "dsa-moe x75"}
+    bad = subprocess.run([sys.executable, "-m", "npusim.cli.main", "model", "show", config("GLM-5"), "--set",
+                          "index_topk=0"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "index_topk" in bad.stderr and "Traceback" not in bad.stderr
