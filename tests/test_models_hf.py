@@ -176,3 +176,32 @@ def test_cli_shows_glm5_and_lists_what_it_ignores():
     bad = subprocess.run([sys.executable, "-m", "npusim.cli.main", "model", "show", config("GLM-5"), "--set",
                           "index_topk=0"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "index_topk" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_gqa_kv_heads_split_over_attention_tp_and_mla_latent_does_not(models):
+    """Per die, DP128 and DP32 x TP4 hold the same GQA cache (4 KV heads split over TP4), while MLA's latent row is
+    replicated over the TP group: 4x the sequences, 4x the cache."""
+    from npusim.parallel.memory import kv_bytes
+
+    def per_die(model, dp, tp):
+        plan = load_plan("v32-a3-pd-a17", {"decode.attention.dp": str(dp), "decode.attention.tp": str(tp)})
+        step = shard(model, plan, "decode", batch=256, length=4096, quant=get_quant("bf16"))
+        return kv_bytes(model, plan, step, get_quant("bf16"), 4096)
+
+    qwen, r1 = models["Qwen3-235B-A22B"], models["DeepSeek-R1"]
+    assert per_die(qwen, 32, 4) == pytest.approx(per_die(qwen, 128, 1))
+    assert per_die(r1, 32, 4) == pytest.approx(4 * per_die(r1, 128, 1))
+    step = shard(qwen, load_plan("v32-a3-pd-a17", {"decode.attention.dp": "32", "decode.attention.tp": "4"}),
+                 "decode", batch=256, length=4096, quant=get_quant("bf16"))
+    write = next(o for layer in step.layers for o in layer.ops if o.name == "kv_cache_update")
+    assert write.bytes_written == pytest.approx(2 * 4 * 128 * 2 * 8 / 4)  # 8 sequences per group, a quarter each
+
+
+def test_predict_verbose_lists_the_ignored_keys():
+    import subprocess
+    import sys
+    run = subprocess.run([sys.executable, "-m", "npusim.cli.main", "predict", "--model", config("Kimi-K2-Instruct"),
+                          "--input", "4096", "--output", "64", "--batch", "64", "--verbose"], capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "kimi_k2 (npusim family deepseek_v3)" in run.stdout and "rope_scaling" in run.stdout

@@ -49,6 +49,15 @@ def run_list(args) -> None:
     common.emit(pd.DataFrame(records), args.format)
 
 
+def config_mapping(model) -> dict[str, str]:
+    """How a Hugging Face config.json became the model (empty for npusim's own YAML files)."""
+    if not model.source_model_type:
+        return {}
+    return {"config model_type": f"{model.source_model_type} (npusim family {model.model_type})",
+            "ignored config keys (no effect on cost)": ", ".join(model.ignored) or "none",
+            "config keys at the value npusim models": ", ".join(model.checked) or "none"}
+
+
 def _shape(shape: dict[str, int]) -> str:
     return " ".join(f"{k}={v}" for k, v in shape.items())
 
@@ -83,8 +92,6 @@ def run_show(args) -> None:
         for col in ("GFLOP", "MB read", "MB written", "FLOP/B"):
             frame[col] = frame[col].map(lambda v: f"{v:.4g}")
     extra = {"scenario": graph.scenario, "quant": graph.quant, **_totals(graph)}
-    if args.verbose and model.source_model_type:
-        extra |= {"config model_type": f"{model.source_model_type} (npusim family {model.model_type})",
-                  "ignored config keys (no effect on cost)": ", ".join(model.ignored) or "none",
-                  "config keys at the value npusim models": ", ".join(model.checked) or "none"}
+    if args.verbose:
+        extra |= config_mapping(model)
     common.emit(frame, args.format, title=title, extra=extra)

@@ -9,6 +9,7 @@ import pandas as pd
 
 from npusim import api
 from npusim.cli import common
+from npusim.cli.model import config_mapping
 from npusim.results.cost import CostParams, cost
 from npusim.results.launch import launch, limits_for
 from npusim.spec.framework import frameworks
@@ -29,6 +30,8 @@ def register(sub) -> None:
     p.add_argument("--quant", default=d["quant"], help=f"quantisation preset (default {d['quant']}; 'model' = the "
                                                        "checkpoint's own format)")
     p.add_argument("--top", type=int, default=12, help="rows of the per-op breakdown to print (table format)")
+    p.add_argument("--verbose", action="store_true",
+                   help="for a config.json model: its architecture and the keys ignored (they do not change cost)")
     p.add_argument("--trace", default=None, metavar="OUT.json", help="write a Chrome trace of one layer per type")
     p.add_argument("--emit", choices=frameworks(), default=None,
                    help="print the launch commands of this deployment for a serving framework instead of the figures "
@@ -78,6 +81,10 @@ def run(args) -> None:
     print(f"TPOT  {pred.tpot * 1e3:10.2f} ms   (decode step {pred.decode_step * 1e3:.2f} ms, {pred.decode_chips:g} chips)")
     print(f"decode {pred.tokens_per_s_per_chip:10.1f} tokens/s per chip" + (
         f"; prefill {pred.prefill_tokens_per_s_per_chip:.1f} tokens/s per chip" if pred.prefill else ""))
+    if args.verbose:
+        model = api.load_setup(args.hw, args.model, args.plan, None, common.parse_overrides(args.overrides)).model
+        for key, value in config_mapping(model).items():
+            print(f"{key}: {value}")
     if pred.energy:
         print("energy " + "; ".join(f"{p} {pred.joules_per_token[p]:.3g} J/token, {pred.tflops_per_watt(p):.3g} "
                                     f"TFLOPS/W, {pred.energy[p].watts:.0f} W per rank" for p in pred.phases))

@@ -145,7 +145,7 @@ def shard_op(op: Op, inst: Instance, model: ModelConfig, plan: Plan, token_scale
         return scale_op(op, tokens=die, weights=1.0)
     if op.name in ALL_KEYS:
         return scale_op(op, tokens=1.0 / a.tp, weights=1.0 / a.tp)
-    if op.name in REPLICATED:
+    if op.name in REPLICATED and not (model.is_gqa and op.name == "kv_cache_update"):  # GQA's K/V split by head
         return scale_op(op, tokens=token_scale, weights=1.0)
     # attention side: tokens by DP/CP share, heads split by attention TP (head-parallel approximation)
     return scale_op(op, tokens=die, weights=1.0 / a.tp)

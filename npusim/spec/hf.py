@@ -31,10 +31,11 @@ COMMON_IGNORED = frozenset({
     "initializer_range", "rms_norm_eps", "rope_scaling", "rope_theta", "rope_parameters", "torch_dtype", "dtype",
     "transformers_version", "use_cache", "norm_topk_prob", "topk_method", "aux_loss_alpha", "seq_aux",
     "router_aux_loss_coef", "output_router_logits", "pretraining_tp", "ep_size", "_name_or_path",
-    "keys_to_ignore_at_inference", "num_key_value_heads", "quantization_config", "expert_dtype",
+    "keys_to_ignore_at_inference", "num_key_value_heads",
     "generation_config", "bias_update_speed", "routed_scaling_factor_init", "max_window_layers",
     "rope_interleave",
 })
+QUANT_KEYS = frozenset({"quantization_config", "expert_dtype"})  # the weights' format: npusim.spec.model reads them
 # keys an MLA config carries that MLA does not use: HF's head_dim is the RoPE width, num_key_value_heads = heads
 MLA_IGNORED = frozenset({"head_dim", "qk_head_dim"})
 DSA_IGNORED = frozenset({"indexer_rope_interleave"})  # which RoPE pairing the indexer uses: numerics only
@@ -216,7 +217,7 @@ def map_config(config: dict, file: str) -> Mapped:
             fields[key] = value
         elif key in arch.renamed:
             fields[arch.renamed[key]] = value
-        elif key in arch.derived_from:
+        elif key in arch.derived_from or key in QUANT_KEYS:
             continue
         elif key in arch.ignored or key in COMMON_IGNORED:
             ignored.append(key)
