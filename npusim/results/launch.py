@@ -152,9 +152,19 @@ class _Context:
             self.notes.append(text)
 
     def roles(self) -> list[tuple[str, Instance]]:
+        """Server roles: prefill and decode (disaggregated), one mixed server (co-located), or the decode servers of
+        a decode-only plan (the decode pool of a disaggregated service whose prefill pool the plan leaves out)."""
         if self.plan.disaggregated:
             return [("prefill", self.plan.prefill), ("decode", self.plan.decode)]
-        return [("mixed", self.plan.instance("decode"))]
+        if self.plan.runs_prefill:
+            return [("mixed", self.plan.instance("decode"))]
+        self.note("the plan is decode-only: these are the decode servers of a disaggregated service, whose prefill "
+                  "servers (and router or proxy) the plan does not describe")
+        return [("decode", self.plan.decode)]
+
+    def streams(self, role: str):
+        """The streams of the phase a role's server runs (decode for a mixed server)."""
+        return self.plan.streams_of("prefill" if role == "prefill" else "decode")
 
     def nodes(self, inst: Instance) -> int:
         return math.ceil(inst.ranks / self.system.ranks_per_node)
@@ -211,13 +221,13 @@ def _sglang_role(ctx: _Context, role: str, inst: Instance) -> Args:
     if inst.embed_tp != embed:
         ctx.note(f"{role}.embed_tp {inst.embed_tp}: SGLang's embedding is "
                  + ("replicated under DP attention" if a.dp > 1 else f"split over the TP group ({n})"))
-    if inst.microbatches == 2 or pl.streams_of(role).two_microbatch:
+    if inst.microbatches == 2 or ctx.streams(role).two_microbatch:
         args.append(("--enable-two-batch-overlap", None))
     drafts = ctx.drafts(role)
     if drafts:
         args += [("--speculative-algorithm", "NEXTN"), ("--speculative-num-steps", str(drafts)),
                  ("--speculative-eagle-topk", "1"), ("--speculative-num-draft-tokens", str(drafts + 1))]
-    if not pl.streams_of(role).graph_mode:
+    if not ctx.streams(role).graph_mode:
         args.append(("--disable-cuda-graph", None))
     lim = ctx.limits
     running = lim.prefill_requests if role == "prefill" else lim.max_batch * a.dp
@@ -305,7 +315,7 @@ def _vllm_role(ctx: _Context, role: str, inst: Instance) -> tuple[Args, dict]:
         ctx.note(f"{role}.moe.fused_dispatch_tokens 0: vLLM-Ascend picks MC2 below its mc2 token capacity; no flag "
                  "forces the bulk all-to-all")
     grained = {}
-    decode_node = role == "decode" and pl.disaggregated and pl.streams_of(role).graph_mode
+    decode_node = role == "decode" and ctx.streams(role).graph_mode
     for name, key, value in (("o_proj_tp", "oproj_tensor_parallel_size", inst.o_proj_group),
                              ("dense_tp", "mlp_tensor_parallel_size", inst.dense_tp),
                              ("embed_tp", "embedding_tensor_parallel_size", inst.embed_tp),
@@ -321,9 +331,9 @@ def _vllm_role(ctx: _Context, role: str, inst: Instance) -> tuple[Args, dict]:
             ctx.note(f"{role}.{name} {value}: vLLM-Ascend's finegrained_tp_config.{key} {why}; it follows TP ({tp})")
     if grained:
         extra["finegrained_tp_config"] = grained
-    if pl.streams_of(role).shared_expert_side_stream:
+    if ctx.streams(role).shared_expert_side_stream:
         extra["multistream_overlap_shared_expert"] = True
-    if inst.microbatches == 2 or pl.streams_of(role).two_microbatch:
+    if inst.microbatches == 2 or ctx.streams(role).two_microbatch:
         ctx.note("two-microbatch overlap: vLLM-Ascend documents no switch for it")
     q = ctx.quant.name
     if q.endswith("c8"):
@@ -335,7 +345,7 @@ def _vllm_role(ctx: _Context, role: str, inst: Instance) -> tuple[Args, dict]:
     drafts = ctx.drafts(role)
     if drafts:
         args.append(("--speculative-config", _json({"num_speculative_tokens": drafts, "method": "deepseek_mtp"})))
-    if role == "prefill" or not pl.streams_of(role).graph_mode:
+    if role == "prefill" or not ctx.streams(role).graph_mode:
         args.append(("--enforce-eager", None))
     else:
         args.append(("--compilation-config", _json({"cudagraph_mode": "FULL_DECODE_ONLY"})))
@@ -364,9 +374,7 @@ def _vllm(ctx: _Context, fw: Framework) -> list[Command]:
     for role, inst in ctx.roles():
         args, extra = _vllm_role(ctx, role, inst)
         if role in ("prefill", "decode"):
-            p, d = sizes["prefill"], sizes["decode"]
-            shape = {r: {"dp_size": x.attention.dp, "tp_size": x.ranks // x.attention.dp} for r, x in
-                     (("prefill", p), ("decode", d))}
+            shape = {r: {"dp_size": x.attention.dp, "tp_size": x.ranks // x.attention.dp} for r, x in sizes.items()}
             args.append(("--kv-transfer-config", _json({
                 "kv_connector": "MooncakeConnectorV1", "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
                 "kv_port": VLLM_KV_PORTS[role], "kv_connector_extra_config": shape})))
