@@ -79,7 +79,7 @@ def test_vllm_bench_serve_json(cli, tmp_path):
     assert r.returncode == 0, r.stderr
     row = json.loads(r.stdout)["rows"][0]
     assert (row["input"], row["output"], row["batch"]) == (2048, 128, 16)
-    assert row["tpot_ms_measured"] == 40.0 and row["tpot_error_%"] == pytest.approx(
+    assert row["tpot_ms_measured"] == 40.0 and row["tpot_error_pct"] == pytest.approx(
         100 * (row["tpot_ms_predicted"] / 40.0 - 1), abs=0.02)
 
 
@@ -94,7 +94,7 @@ def test_measured_csv(cli, tmp_path):
                  "a23-256,atlas-950-superpod,v4flash-950dt-a23,deepseek-v4-flash,mxfp8-mxfp4,8192,1024,256,1000,8.78\n")
     r = cli("check", f, "--format", "csv")
     assert r.returncode == 0, r.stderr
-    assert "tpot_error_%" in r.stdout.splitlines()[0] and "a23-256" in r.stdout
+    assert "tpot_error_pct" in r.stdout.splitlines()[0] and "a23-256" in r.stdout
 
 
 @pytest.mark.parametrize("content, needle", [("{}", "completed"), ("[1]", "not a JSON object"), ("{", "valid JSON")])

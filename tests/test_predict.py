@@ -30,7 +30,7 @@ def test_prediction_is_consistent(small):
         assert step.time >= max(lt.time for lt in step.layers)
         assert small.memory[phase].fits
     frame = small.breakdown("decode")
-    assert frame["share_%"].sum() == pytest.approx(100.0)
+    assert frame["share_pct"].sum() == pytest.approx(100.0)
     assert {"engine", "collective"} <= set(frame["model"])
 
 

@@ -87,7 +87,7 @@ def test_cli_sweep_file(cli, tmp_path):
     env_cache = tmp_path / "cache"
     r = cli("sweep", f, "--out", tmp_path / "out", "--cache", env_cache, "--workers", "1", "--format", "csv")
     assert r.returncode == 0, r.stderr
-    assert "2/2 points" in r.stderr and (tmp_path / "out" / "s.csv").exists()
+    assert "point" not in r.stderr and (tmp_path / "out" / "s.csv").exists()  # no progress bar off a terminal
     assert len(os.listdir(env_cache)) >= 1
 
 

@@ -158,7 +158,7 @@ class Comparison:
 
     def row(self) -> dict:
         return {"scenario": self.scenario, "metric": self.metric, "baseline": self.baseline,
-                "predicted": self.predicted, "change_%": 100 * self.change, "tolerance_%": 100 * self.tolerance,
+                "predicted": self.predicted, "change_pct": 100 * self.change, "tolerance_pct": 100 * self.tolerance,
                 "status": "ok" if self.ok else (self.note.partition(":")[0] or "DRIFT")}
 
 

@@ -126,6 +126,6 @@ def compare(measured: list[Measured], overrides: dict[str, str] | None = None) -
             continue
         ttft = p.ttft if p.ttft is not None else math.nan  # a decode-only plan predicts no TTFT
         rows.append({**row, "ttft_ms_predicted": ttft * 1e3, "tpot_ms_predicted": p.tpot * 1e3,
-                     "ttft_error_%": 100 * (ttft / m.ttft - 1), "tpot_error_%": 100 * (p.tpot / m.tpot - 1),
+                     "ttft_error_pct": 100 * (ttft / m.ttft - 1), "tpot_error_pct": 100 * (p.tpot / m.tpot - 1),
                      "error": "", **({"note": "; ".join(p.notes)} if p.notes else {})})
     return pd.DataFrame(rows)

@@ -13,8 +13,8 @@ def register(sub) -> None:
                    help="baseline first, then variants: names in workloads/scenarios or YAML files")
     p.add_argument("--metric", choices=sorted(METRICS), default=None,
                    help="metric of the waterfall (default ttft; tpot when the baseline is a decode-only plan)")
-    p.add_argument("--figure", default="compare_waterfall.png", metavar="OUT.png",
-                   help="waterfall figure to write ('' = none; default compare_waterfall.png)")
+    p.add_argument("--figure", default="", metavar="OUT.png",
+                   help="also write the waterfall figure of --metric here (PNG or SVG by suffix; default: none)")
     common.add_set(p)
     common.add_format(p)
     p.set_defaults(run=run)
@@ -28,4 +28,4 @@ def run(args) -> None:
         metric = args.metric or ("ttft" if cmp.predictions[0].prefill is not None else "tpot")
         extra["waterfall"] = str(cmp.waterfall(args.figure, metric))
     common.emit(frame.round(3) if args.format == "table" else frame, args.format,
-                title="baseline and variants (d_*_%: change against the baseline)", extra=extra)
+                title="baseline and variants (d_*_pct: change against the baseline in %)", extra=extra)

@@ -81,7 +81,7 @@ def run_show(args) -> None:
     cap = capacity(chip)
     roof = kern.roofline(chip)
     rows = [{"section": "buffer", "item": lvl, "value": used, "capacity": cap.get(lvl), "unit": "B",
-             "use": f"{100 * used / cap[lvl]:.0f}%" if cap.get(lvl) else ""} for lvl, used in trace.buffers.items()]
+             "used_pct": 100 * used / cap[lvl] if cap.get(lvl) else None} for lvl, used in trace.buffers.items()]
     for pipe, tot in trace.pipe_totals().items():
         rows.append({"section": "pipe", "item": pipe, "value": tot["instructions"], "unit": "instructions",
                      "bytes": tot["bytes"], "flops": tot["flops"]})

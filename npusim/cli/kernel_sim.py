@@ -75,20 +75,28 @@ def run_sim(args) -> None:
         write_chrome_trace([timeline], args.trace)
     else:
         result = simulate(trace, chip, launch=args.launch)
-    frame = pd.DataFrame([{"pipe": name, "busy": f"{100 * v:.1f} %"} for name, v in result.busy.items()]
-                         + [{"pipe": f"{name} (shared)", "busy": f"{100 * v:.1f} %"}
-                            for name, v in result.servers.items()])
-    extra = {
-        "time": f"{result.time * 1e3:.4f} ms (launch {result.launch * 1e6:.1f} us)",
-        "bound": result.bound,
-        "achieved": f"{result.flops_per_s / 1e12:.1f} TFLOPS, HBM {result.hbm_bytes_per_s / 1e9:.0f} GB/s",
-        "roofline": f"{result.roofline * 1e3:.4f} ms ({result.roofline_bound}); simulated = "
-                    f"{result.time / result.roofline:.2f} x roofline",
-        "tiling": ", ".join(f"{k}={v}" for k, v in trace.tiling.items()),
-        "engine": f"{result.events} events, {100 * result.extrapolated:.0f} % of the time extrapolated, "
-                  f"{sum(g.copies for g in trace.groups)} cores as {len(trace.groups)} folded groups "
-                  f"({' + '.join(str(g.copies) for g in trace.groups)})",
-    }
+    frame = pd.DataFrame([{"pipe": name, "busy_pct": 100 * v} for name, v in result.busy.items()]
+                         + [{"pipe": f"{name} (shared)", "busy_pct": 100 * v} for name, v in result.servers.items()])
+    if args.format == "json":  # numbers, each key naming its unit
+        extra = {"time_ms": result.time * 1e3, "launch_us": result.launch * 1e6, "bound": result.bound,
+                 "achieved_tflops": result.flops_per_s / 1e12, "achieved_hbm_gb_s": result.hbm_bytes_per_s / 1e9,
+                 "roofline_ms": result.roofline * 1e3, "roofline_bound": result.roofline_bound,
+                 "times_roofline": result.time / result.roofline, "tiling": dict(trace.tiling),
+                 "engine_events": result.events, "extrapolated_pct": 100 * result.extrapolated,
+                 "cores": sum(g.copies for g in trace.groups), "folded_groups": len(trace.groups)}
+    else:
+        frame["busy_pct"] = frame["busy_pct"].round(1)
+        extra = {
+            "time": f"{result.time * 1e3:.4f} ms (launch {result.launch * 1e6:.1f} us)",
+            "bound": result.bound,
+            "achieved": f"{result.flops_per_s / 1e12:.1f} TFLOPS, HBM {result.hbm_bytes_per_s / 1e9:.0f} GB/s",
+            "roofline": f"{result.roofline * 1e3:.4f} ms ({result.roofline_bound}); simulated = "
+                        f"{result.time / result.roofline:.2f} x roofline",
+            "tiling": ", ".join(f"{k}={v}" for k, v in trace.tiling.items()),
+            "engine": f"{result.events} events, {100 * result.extrapolated:.0f} % of the time extrapolated, "
+                      f"{sum(g.copies for g in trace.groups)} cores as {len(trace.groups)} folded groups "
+                      f"({' + '.join(str(g.copies) for g in trace.groups)})",
+        }
     if args.trace:
         extra["trace"] = args.trace
     title = f"{args.name} {', '.join(f'{k}={v}' for k, v in result.shape.items())} on {chip.name} ({trace.dtype})"

@@ -8,7 +8,7 @@ import json
 import pandas as pd
 
 from npusim import api
-from npusim.cli import common
+from npusim.cli import common, listing
 from npusim.errors import NpusimError
 from npusim.planner import SearchSpace, Traffic, commands, search, write_plan
 from npusim.planner.search import PERCENTILES
@@ -49,6 +49,10 @@ def register(sub) -> None:
     common.add_set(p)
     common.add_format(p)
     p.set_defaults(run=run)
+    cmds = p.add_subparsers(dest="plan_command", metavar="list")
+    lst = cmds.add_parser("list", help="every shipped plan (workloads/plans) with its description")
+    common.add_format(lst)
+    lst.set_defaults(run=lambda args: listing.show("plans", args.format))
 
 
 def _table(cands, per_chip_s: float) -> pd.DataFrame:
@@ -82,7 +86,8 @@ def run(args) -> None:
                           field="--mtp")
     space = SearchSpace(min_ranks=min(sizes, default=8), sizes=sizes, mtp_depths=depths)
     result = search(args.hw, args.model, input=args.input, output=args.output, slo=slo, max_chips=args.max_chips,
-                    quant=quant, overrides=overrides, workers=args.workers, space=space, load=traffic)
+                    quant=quant, overrides=overrides, workers=args.workers, space=space, load=traffic,
+                    progress=True)
     system = load_system(args.hw, api.split_overrides(overrides)["hw"])
     params = CostParams()
     per_chip_s = chip_usd_per_second(system.power_per_chip, system.price_per_chip, params) / params.utilisation

@@ -41,6 +41,17 @@ def register(sub) -> None:
     p.set_defaults(run=run)
 
 
+def csv_table(pred, price) -> pd.DataFrame:
+    """One CSV: the headline figures and the cost first (section summary / cost: the name carries the unit), then
+    the per-op rows of each phase (section breakdown)."""
+    head = [{"section": "summary", "name": k, "value": v} for k, v in pred.summary().items()]
+    head += [{"section": "cost", "name": k, "value": v} for k, v in price.as_dict().items()]
+    ops = [pred.breakdown(p).assign(section="breakdown", phase=p) for p in pred.phases]
+    frame = pd.concat([pd.DataFrame(head)] + ops, ignore_index=True)
+    first = ["section", "name", "value", "phase"]
+    return frame[first + [c for c in frame if c not in first]]
+
+
 def _launch(args):
     """The launch commands of the predicted deployment, with the scenario's batch and lengths as serving limits."""
     setup = api.load_setup(args.hw, args.model, args.plan, None if args.quant == "model" else args.quant,
@@ -67,8 +78,7 @@ def run(args) -> None:
         print(emitted.script(), end="")
         return
     if args.format == "csv":
-        frame = pd.concat([pred.breakdown(p).assign(phase=p) for p in pred.phases], ignore_index=True)
-        common.emit(frame, "csv")
+        common.emit(csv_table(pred, price), "csv")
         return
     s = pred.scenario
     print(f"{pred.model} on {pred.system}, plan {pred.plan}, {pred.quant}: input {s['input']}, output {s['output']}, "

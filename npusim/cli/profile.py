@@ -107,11 +107,12 @@ def _summary(profile: Profile, chip: Chip, table: pd.DataFrame, unmapped: pd.Dat
         extra["clock"] = (f"the profile ran at {', '.join(f'{f:g}' for f in sorted(freqs))} MHz, {chip.name}'s clock "
                           f"is {chip.clock / 1e6:g} MHz (--set clock=... to match)")
     if len(table):
-        extra["median |error|"] = f"{table['error_%'].abs().median():.1f} % over {len(table)} ops"
+        extra["median_abs_error_pct"] = round(float(table['error_pct'].abs().median()), 1)
+        extra["ops_compared"] = len(table)
     if fitted is not None:
         extra["fitted"] = "; ".join(f"{p.path} {p.text(p.value, 4)} -> {p.text(v, 4)}"
                                     for p, v in fitted.fit.params)
-        extra["median |error| after --fit"] = f"{table['fitted_error_%'].abs().median():.1f} %"
+        extra["median_abs_error_after_fit_pct"] = round(float(table['fitted_error_pct'].abs().median()), 1)
         extra["chip written"] = f"{fitted.path} (use --hw {fitted.path})"
         for i, text in enumerate(fitted.fit.warnings()):
             extra[f"warning {i + 1}"] = text

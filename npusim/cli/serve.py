@@ -163,7 +163,7 @@ def sweep(args, served: ServedPlan, rates: list[float], loads: list[Load], reque
     table = pd.DataFrame({"rate": rates, "ttft_p50_ms": frame.ttft_p50 * 1e3, "ttft_p99_ms": frame.ttft_p99 * 1e3,
                           "tpot_p50_ms": frame.tpot_p50 * 1e3, "tpot_p99_ms": frame.tpot_p99 * 1e3,
                           "requests_per_s": frame.request_throughput, "goodput": frame.goodput,
-                          "slo_met_%": frame.slo_attainment * 100 if slo else None})
+                          "slo_met_pct": frame.slo_attainment * 100 if slo else None})
     common.emit(table.round(2), "table", title="rate sweep (offered requests/s)")
     print(knee_sentence(rates, at, slo))
     footer(served, wall)

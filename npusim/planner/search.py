@@ -36,6 +36,7 @@ import yaml
 from npusim import api
 from npusim.errors import NpusimError
 from npusim.planner.space import Layout, SearchSpace, plan_document
+from npusim.progress import progress as progress_bar
 from npusim.serving import ClosedLoop, Fixed, OpenLoop, Percentiles, Slo
 from npusim.serving.predicted import ServedPlan
 from npusim.spec.system import load_system
@@ -282,12 +283,22 @@ def _decode_family(sc: Scenario, layouts: list[Layout], slo: Slo, batches: tuple
     return [p for pts, _ in runs for p in pts], sum(n for _, n in runs)
 
 
-def _run(tasks, fn, workers: int):
-    if workers <= 1:
-        return [fn(*t) for t in tasks]
-    # neighbouring tasks share kernels (the memo is per process), so each worker takes runs of them
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(fn, *zip(*tasks), chunksize=max(1, len(tasks) // (4 * workers))))
+def _run(tasks, fn, workers: int, what: str = "", show: bool = False):
+    """fn over the tasks, in order; `show`: a progress bar of `what` on a terminal."""
+    with progress_bar(len(tasks), what, "task", enabled=show) as bar:
+        if workers <= 1:
+            out = []
+            for t in tasks:
+                out.append(fn(*t))
+                bar.update()
+            return out
+        # neighbouring tasks share kernels (the memo is per process), so each worker takes runs of them
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            out = []
+            for r in pool.map(fn, *zip(*tasks), chunksize=max(1, len(tasks) // (4 * workers))):
+                out.append(r)
+                bar.update()
+            return out
 
 
 # ------------------------------------------------------------------------------------------------ combining
@@ -368,7 +379,7 @@ def _families(layouts: list[Layout]) -> list[list[Layout]]:
 def search(hw: str, model: str, *, input: int, output: int, slo: Slo, max_chips: float | None = None,
            quant: str | None = "bf16", overrides: dict[str, str] | None = None, space: SearchSpace | None = None,
            workers: int | None = None, prune: bool = True, closest: int = 5,
-           load: Traffic | None = None) -> SearchResult:
+           load: Traffic | None = None, progress: bool = False) -> SearchResult:
     """Search disaggregated plans for `model` on `hw`; see the module docstring for how. With a `load`, the
     recommended plan is the cheapest on the frontier that also meets the SLO under it in the serving simulation."""
     if slo.ttft is None or slo.tpot is None:
@@ -387,10 +398,10 @@ def search(hw: str, model: str, *, input: int, output: int, slo: Slo, max_chips:
                           "each", field="--max-chips")
     with tempfile.TemporaryDirectory(prefix="npusim-plan-") as workdir:
         pre_runs = _run([(sc, fam, slo, prune, workdir) for fam in _families(space.prefill_layouts())],
-                        _walk_prefill_family, workers)
+                        _walk_prefill_family, workers, "prefill layouts", progress)
         decodes = space.decode_layouts()
         dec_runs = _run([(sc, fam, slo, space.batch_per_replica, prune, workdir) for fam in _families(decodes)],
-                        _decode_family, workers)
+                        _decode_family, workers, "decode layouts", progress)
         pre_points = [p for pts, _ in pre_runs for p in pts if p.ok]
         dec_points = [p for pts, _ in dec_runs for p in pts if p.ok]
         predictions = sum(len(pts) for pts, _ in pre_runs + dec_runs)
@@ -411,7 +422,8 @@ def search(hw: str, model: str, *, input: int, output: int, slo: Slo, max_chips:
         meeting = [c for c in combos if c.violation(slo) <= 1]
         result = SearchResult(sc, slo, n_cands, predictions, pruned, traffic=load)
         by_total = load is not None
-        exact = [c for c in _run([(sc, c, workdir) for c in pareto(meeting, by_total)], _exact_or_none, workers) if c]
+        exact = [c for c in _run([(sc, c, workdir) for c in pareto(meeting, by_total)], _exact_or_none, workers,
+                                     "frontier as complete plans", progress) if c]
         result.frontier = pareto([c for c in exact if c.violation(slo) <= 1], by_total)
         if load is None:
             result.recommended = recommend(result.frontier)

@@ -115,19 +115,19 @@ def op_table(results: list[tuple[Op, KernelResult]]) -> pd.DataFrame:
         rows.append({"op": op.op_type, "kernel": op.mapping.kernel, "shape": op.mapping.shape_text,
                      "launches": len(op.times), "measured_us": op.measured * 1e6,
                      "mean_us": statistics.fmean(op.times) * 1e6, "predicted_us": r.time * 1e6,
-                     "error_%": error(r.time, op.measured), "bound": r.bound, "roofline_us": r.roofline * 1e6,
+                     "error_pct": error(r.time, op.measured), "bound": r.bound, "roofline_us": r.roofline * 1e6,
                      "busy measured/simulated": ", ".join(f"{p} {v:.2f}/{busy.get(p, 0.0):.2f}"
                                                           for p, v in op.ratios if v or busy.get(p)),
                      "note": op.mapping.note})
     return pd.DataFrame(rows, columns=["op", "kernel", "shape", "launches", "measured_us", "mean_us", "predicted_us",
-                                       "error_%", "bound", "roofline_us", "busy measured/simulated", "note"])
+                                       "error_pct", "bound", "roofline_us", "busy measured/simulated", "note"])
 
 
 def with_fitted(table: pd.DataFrame, times) -> pd.DataFrame:
     """The op table with each op's predicted time after --fit (seconds, in table order) and its error."""
     out = table.copy()
     out["fitted_us"] = [t * 1e6 for t in times]
-    out["fitted_error_%"] = [error(t * 1e6, m) for t, m in zip(times, out["measured_us"])]
+    out["fitted_error_pct"] = [error(t * 1e6, m) for t, m in zip(times, out["measured_us"])]
     return out
 
 
@@ -140,7 +140,7 @@ def skipped_table(skipped: list[Skipped]) -> pd.DataFrame:
 
 def by_kernel(table: pd.DataFrame) -> pd.DataFrame:
     """Median |error| per kernel, before and (with --fit) after."""
-    cols = ["error_%"] + (["fitted_error_%"] if "fitted_error_%" in table else [])
+    cols = ["error_pct"] + (["fitted_error_pct"] if "fitted_error_pct" in table else [])
     rows = []
     for kernel, g in table.groupby("kernel", sort=True):
         row = {"kernel": kernel, "ops": len(g), "launches": int(g["launches"].sum())}

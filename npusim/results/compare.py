@@ -25,8 +25,26 @@ METRICS = {
 
 @dataclass(frozen=True)
 class Comparison:
+    """A baseline scenario and its variants, predicted (`npusim.compare`).
+
+    Fields:
+        scenarios: the baseline first, then each variant, as loaded (`Scenario`: hw, model, plan, lengths, `set`).
+        predictions: the `Prediction` of each scenario, in the same order.
+
+    `table()` puts them side by side with each metric's change against the baseline in %; `steps(metric)` and
+    `waterfall(path, metric)` attribute the change of one metric to each variant in turn.
+    """
+
     scenarios: tuple[Scenario, ...]
     predictions: tuple[Prediction, ...]
+
+    def __repr__(self) -> str:
+        rows = "; ".join(f"{s.title}: TTFT {p.ttft * 1e3:.1f} ms, TPOT {p.tpot * 1e3:.2f} ms"
+                         for s, p in zip(self.scenarios, self.predictions))
+        return f"Comparison({len(self.scenarios)} scenarios: {rows})"
+
+    def _repr_html_(self) -> str:
+        return self.table().round(2).to_html(index=False)
 
     def table(self) -> pd.DataFrame:
         """One row per scenario: the metrics, and their change against the baseline (first row) in %."""
@@ -44,7 +62,7 @@ class Comparison:
         frame = pd.DataFrame(rows)
         base = frame.iloc[0]
         for col in ("TTFT_ms", "TPOT_ms", "decode_tok_s_chip", "prefill_mem_GiB", "prefill_J_tok"):
-            frame[f"d_{col}_%"] = 100 * (frame[col] / base[col] - 1)
+            frame[f"d_{col}_pct"] = 100 * (frame[col] / base[col] - 1)
         frame["switches"] = [", ".join(f"{k}={v}" for k, v in _added(prev, sc).items()) or "-"
                              for prev, sc in zip((None,) + self.scenarios[:-1], self.scenarios)]
         return frame

@@ -15,6 +15,30 @@ from npusim.results.energy import StepEnergy
 
 @dataclass(frozen=True)
 class Prediction:
+    """The prediction of one deployment (`npusim.predict`). Times are seconds, memory bytes, energy joules; the
+    tables (`breakdown`, `phase_table`, `summary`) carry the unit in each column name.
+
+    Fields:
+        system, model, plan, quant: the names of what was predicted (the plan's file name for a plan file).
+        scenario: input / output tokens, global decode batch, prefill batch and the decode context, as predicted.
+        prefill, decode: one step of each phase as a timeline of layer types (`StepTime`: time, layers, streams);
+            prefill is None for a decode-only plan, which runs no prefill (see notes).
+        kv_transfer: seconds to move one request's caches from the prefill to the decode instance (0 co-located).
+        ttft: time to first token, seconds: the prefill step of `prefill_batch` prompts plus the KV transfer (None
+            without a prefill).
+        tpot: seconds per output token: the decode step over the tokens it yields (1 + MTP acceptance), as published.
+        decode_step: seconds of one decode step of the whole batch.
+        prefill_chips, decode_chips: packages (chips, not dies) of each role, every instance counted.
+        memory: per phase that runs, the bytes per rank (`Memory`: weights, kv_cache, activations, comm_buffers,
+            capacity).
+        tokens_per_s_per_chip: decode output tokens per second per decode chip.
+        prefill_tokens_per_s_per_chip: prompt tokens per second per prefill chip (None without a prefill).
+        overrides: the `--set` overrides applied.
+        energy: per phase, one rank's step energy from the chip's activity model ({} when the chip has none).
+        joules_per_token: per phase, the chip energy per prompt token (prefill) or output token (decode).
+        notes: what the prediction does not report, and why.
+    """
+
     system: str
     model: str
     plan: str
@@ -37,6 +61,24 @@ class Prediction:
     notes: tuple[str, ...] = ()  # what the prediction does not report, and why
     af: "AfStep | None" = None  # the decode step's two sides under attention-FFN disaggregation
 
+    def __repr__(self) -> str:
+        s = self.scenario
+        ttft = f"TTFT {self.ttft * 1e3:.1f} ms, " if self.ttft is not None else "no prefill, "
+        return (f"Prediction({self.model} on {self.system}, plan {self.plan}, {self.quant}, input {s['input']}, "
+                f"batch {s['batch']}: {ttft}TPOT {self.tpot * 1e3:.2f} ms, "
+                f"{self.tokens_per_s_per_chip:.1f} decode tokens/s per chip, "
+                f"{self.prefill_chips + self.decode_chips:g} chips)")
+
+    def _repr_html_(self) -> str:
+        """A notebook's view: the headline, then the per-phase table."""
+        s = self.scenario
+        ttft = f"TTFT <b>{self.ttft * 1e3:.1f} ms</b>, " if self.ttft is not None else "no prefill, "
+        head = (f"<b>{self.model}</b> on <b>{self.system}</b>, plan {self.plan}, {self.quant}: input {s['input']}, "
+                f"output {s['output']}, decode batch {s['batch']} at context {s['context']}<br>"
+                f"{ttft}TPOT <b>{self.tpot * 1e3:.2f} ms</b>, {self.tokens_per_s_per_chip:.1f} decode tokens/s per "
+                f"chip, {self.prefill_chips:g} + {self.decode_chips:g} chips")
+        return head + self.phase_table().round(2).to_html(index=False)
+
     @property
     def phases(self) -> tuple[str, ...]:
         """The phases predicted: decode, and prefill unless the plan has none."""
@@ -46,6 +88,7 @@ class Prediction:
         return self.energy[phase].tflops_per_watt if phase in self.energy else float("nan")
 
     def summary(self) -> dict[str, float | str]:
+        """The headline figures, each key naming its unit (_s, _bytes, _per_s_per_chip, _joules_per_token)."""
         return {
             "ttft_s": self.ttft, "tpot_s": self.tpot, "decode_step_s": self.decode_step,
             "kv_transfer_s": self.kv_transfer,
@@ -58,8 +101,9 @@ class Prediction:
             **{f"{phase}_watts_per_rank": e.watts for phase, e in self.energy.items()},
         }
 
-    def breakdown(self, phase: str) -> pd.DataFrame:
-        """Per op and per collective: time per call, total over the repeated layers, share of the step."""
+    def breakdown(self, phase: str = "decode") -> pd.DataFrame:
+        """Per op and per collective of `phase` (default decode, the step TPOT comes from): time per call, total over
+        the repeated layers, share of the step in % (share_pct), its bound and roofline."""
         step = self.prefill if phase == "prefill" else self.decode
         rows = []
         for lt in step.layers if step is not None else ():
@@ -73,7 +117,7 @@ class Prediction:
                              "roofline_us": float("nan"), "model": "collective"})
         frame = pd.DataFrame(rows)
         if not frame.empty:
-            frame["share_%"] = 100 * frame["total_ms"] / frame["total_ms"].sum()
+            frame["share_pct"] = 100 * frame["total_ms"] / frame["total_ms"].sum()
         return frame
 
     def phase_table(self) -> pd.DataFrame:

@@ -25,7 +25,6 @@ Requests and preempted sequences go to the rank with the least KV load (cache he
 
 from __future__ import annotations
 
-import sys
 from collections import deque
 from collections.abc import Mapping
 
@@ -34,6 +33,7 @@ import pandas as pd
 import simpy
 
 from npusim.errors import NpusimError, did_you_mean
+from npusim.progress import progress as progress_bar
 from npusim.serving.deployment import Deployment, Scheduler
 from npusim.serving.load import BLOCK, ClosedLoop, Load, OpenLoop, Shape, Trace
 from npusim.serving.result import REQUEST_COLUMNS, STEP_COLUMNS, ServingResult, Slo
@@ -415,9 +415,9 @@ class _Simulation:
         self.count(in_system=-1)
         if r.done is not None:
             r.done.succeed()
-        if self.progress and self.completed % 100 == 0:
-            total = f"/{self.limit}" if self.limit else ""
-            sys.stderr.write(f"\rserving: {self.completed}{total} requests done, t = {self.env.now:.1f} s")
+        self.bar.update()
+        if self.completed % 100 == 0:
+            self.bar.set_postfix_str(f"t = {self.env.now:.1f} s", refresh=False)
 
     def open_loop(self, arrivals):
         cap = self.load.max_concurrency if isinstance(self.load, OpenLoop) else None
@@ -457,10 +457,12 @@ class _Simulation:
             self.env.process(self.open_loop(self.load.arrivals(self.load_rng)))
         for inst in dict.fromkeys(self.prefill + self.decode):
             self.env.process(inst.run())
-        self.env.run(until=self.duration)
+        self.bar = progress_bar(self.limit, "serving", "request", enabled=self.progress)
+        try:
+            self.env.run(until=self.duration)
+        finally:
+            self.bar.close()
         self.count()
-        if self.progress:
-            sys.stderr.write("\n")
         return self.env.now
 
 

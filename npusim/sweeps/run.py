@@ -6,8 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
-import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
@@ -18,6 +16,7 @@ import pandas as pd
 import npusim
 from npusim import api
 from npusim.errors import NpusimError
+from npusim.progress import progress as progress_bar
 from npusim.results.cost import CostParams, cost
 from npusim.spec.catalog import data_root
 from npusim.spec.system import load_system
@@ -98,28 +97,6 @@ class DiskCache:
         os.replace(tmp, path)
 
 
-class Progress:
-    """One line on stderr, rewritten as points complete."""
-
-    def __init__(self, name: str, total: int, cached: int, enabled: bool):
-        self.name, self.total, self.done, self.cached, self.enabled = name, total, cached, cached, enabled
-        self.start = time.perf_counter()
-        self.show()
-
-    def step(self) -> None:
-        self.done += 1
-        self.show()
-
-    def show(self, end: str = "") -> None:
-        if self.enabled:
-            sys.stderr.write(f"\rsweep {self.name}: {self.done}/{self.total} points ({self.cached} cached) "
-                             f"{time.perf_counter() - self.start:.1f} s{end}")
-            sys.stderr.flush()
-
-    def close(self) -> None:
-        self.show("\n")
-
-
 def _local(todo: list[Point], workers: int):
     if workers <= 1:
         yield from map(evaluate, todo)
@@ -155,14 +132,14 @@ def run_sweep(spec: SweepSpec, *, workers: int | None = None, scheduler=None, ca
     keys = [point_key(p) for p in points]
     rows: list[dict | None] = [cache.get(k) for k in keys]
     todo = [i for i, r in enumerate(rows) if r is None]
-    bar = Progress(spec.name, len(points), len(points) - len(todo), progress)
+    bar = progress_bar(len(points), f"sweep {spec.name}", "point", enabled=progress, initial=len(points) - len(todo))
     results = (_dask([points[i] for i in todo], scheduler) if scheduler is not None
                else _local([points[i] for i in todo], workers or os.cpu_count() or 1))
     try:
         for i, row in zip(todo, results):
             rows[i] = row
             cache.put(keys[i], row)
-            bar.step()
+            bar.update()
     finally:
         bar.close()
     return pd.DataFrame(rows)
