@@ -132,7 +132,7 @@ def breakdown(pred: Prediction, top: int = 15) -> Section:
         ax.set_title(f"{phase}: ms per step by kind", fontsize=9)
         ax.tick_params(labelsize=7)
         shown = frame.sort_values("total_ms", ascending=False).head(top)[
-            ["layer", "x", "op", "kind", "per_call_us", "total_ms", "share_%", "bound", "roofline_us"]]
+            ["layer", "x", "op", "kind", "per_call_us", "total_ms", "share_pct", "bound", "roofline_us"]]
         body += f"<h3>{phase}: top {top} ops and collectives by total time</h3>" + table(shown)
     return Section("Where the time goes (per op, with its bound and roofline)", svg_figure(fig) + body)
 
