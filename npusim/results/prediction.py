@@ -37,6 +37,7 @@ class Prediction:
         energy: per phase, one rank's step energy from the chip's activity model ({} when the chip has none).
         joules_per_token: per phase, the chip energy per prompt token (prefill) or output token (decode).
         notes: what the prediction does not report, and why.
+        af: under attention-FFN disaggregation, the decode step's two sides (`AfStep`; None otherwise).
     """
 
     system: str
