@@ -419,3 +419,53 @@ def test_compressor_decode_carries_the_pooling_state(ratio, prefill, total):
     assert np.abs(np.array(got) - full).max() <= 2.0 ** -7 * np.abs(full).max()
     ref = compressor64(x, w, ape, norm, ratio, cos, sin, False)
     assert np.abs(np.array(got) - ref).max() <= 2.0 ** -7 * np.abs(ref).max()
+
+
+def test_v32_indexer_module_through_the_functional_ops():
+    """Indexer.forward of V3.2-Exp after the fix, composed of npusim.functional ops (bf16 linears, LayerNorm,
+    non-interleaved YaRN RoPE on the first 64 dims, the Hadamard GEMM, fp32 weights_proj, fp8 lightning indexer)
+    against its float64 re-derivation with the reference's bf16 roundings and ue8m0 act_quant: the same top-k sets
+    except near-ties within the fp16 head reduction."""
+    from npusim.functional import reference as R
+    from npusim.functional.rotary import Rotary
+    from npusim.functional.verify import indexer_tolerance, topk_agrees
+
+    rng = np.random.default_rng(13)
+    t, dim, ql, h, d, topk = 24, 256, 192, 16, 128, 32
+    x, qr = rnd(rng.standard_normal((t, dim)), "bf16"), rnd(rng.standard_normal((t, ql)), "bf16")
+    wq = rnd(rng.standard_normal((ql, h * d)) / np.sqrt(ql), "bf16")
+    wk = rnd(rng.standard_normal((dim, d)) / 16, "bf16")
+    wp, g, b = rng.standard_normal((dim, h)) / 16, 1 + 0.1 * rng.standard_normal(d), 0.1 * rng.standard_normal(d)
+    pos, rot = np.arange(t), Rotary.from_config(V32_HF)
+    hd = np.array([[(-1.0) ** bin(i & j).count("1") for j in range(d)] for i in range(d)]) / np.sqrt(d)
+
+    # npusim.functional
+    q = F.gemm(qr, wq).reshape(t, h, d)
+    q[..., :64] = F.rope(q[..., :64], pos, rotary=rot, interleaved=False)
+    k = F.layernorm(F.gemm(x, wk), g, b)
+    k[:, :64] = F.rope(k[:, None, :64], pos, rotary=rot, interleaved=False)[:, 0]
+    q, k = F.hadamard(q.reshape(t * h, d)).reshape(t, h, d), F.hadamard(k)
+    wts = F.gemm(x, wp, "fp32", "fp32") * h ** -0.5 * d ** -0.5
+    _, idx = F.lightning_indexer(q, k, wts, topk, dtype="fp8", chip="950pr")
+
+    # float64 re-derivation, rounding where the reference stores bf16
+    f = yarn_freqs(64, 1e4, 40, 4096, 32, 1)
+    c, s = np.cos(pos[:, None] * f[None]), np.sin(pos[:, None] * f[None])
+
+    def half_rope(v):  # v [t, heads, 64]
+        a, bb = v[..., :32], v[..., 32:]
+        return rnd(np.concatenate([a * c[:, None] - bb * s[:, None], a * s[:, None] + bb * c[:, None]], -1), "bf16")
+
+    rq = rnd(qr @ wq, "bf16").reshape(t, h, d)
+    rq[..., :64] = half_rope(rq[..., :64])
+    rk = rnd(R.layernorm(rnd(x @ wk, "bf16"), g, b), "bf16")
+    rk[:, :64] = half_rope(rk[:, None, :64])[:, 0]
+    rq, rk = rnd(rq @ hd, "bf16"), rnd(rk @ hd, "bf16")
+    q8, qs = act_quant_ue8m0(rq.reshape(t * h, d))
+    k8, ks = act_quant_ue8m0(rk)
+    qd, kd = (q8 * qs).reshape(t, h, d), k8 * ks
+    rw = rnd(x, "fp32") @ rnd(wp, "fp32") * h ** -0.5 * d ** -0.5
+    ref = R.indexer_scores(qd, kd, rw)
+    assert topk_agrees(idx, ref, topk, indexer_tolerance(qd, kd, rw))
+    same = [set(a[a >= 0]) == set(bb[bb >= 0]) for a, bb in zip(idx, R.topk(ref, topk)[1])]
+    assert np.mean(same) >= 0.9  # most rows identical outright; the rest differ only at near-ties
