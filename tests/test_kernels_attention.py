@@ -15,11 +15,21 @@ def chip():
 
 def test_sfa_matches_huawei_blocks(chip):
     t = catalog.kernel("sparse_flash_attention", {"tokens": 64, "keys": 65536}).trace(chip)
-    assert t.tiling["block"] == (256, 512)  # 2 tokens x 128 heads by 512 selected keys (models.md §3.5)
+    assert t.tiling["block"] == (128, 512)  # one token's 128 heads (mBaseSize = gSize) by 512 selected keys
     assert t.tiling["l0_c1"] == ((128, 96), (96, 128)) and t.tiling["l0_c2"] == ((128, 128), (128, 128))
     kv_ring = 3 * 128 * 288 * 2
     assert t.buffers["l1"] == 128 * 576 * 2 + 128 * 512 * 2 + kv_ring  # Q + P (the 4 x 128x288 Q/P slots) + K/V
     assert t.buffers["l1"] <= chip.aic.buffers.l1
+
+
+def test_sfa_decode_tokens_spread_over_cores(chip):
+    """Each token gathers its own top-k rows, so the kernel deals a token per block over the AICs: two decode tokens
+    take two cores and about the time of one (a block of two tokens would run them one after the other)."""
+    from npusim.engine.result import simulate
+    shape = {"keys": 131072, "causal": 0}
+    one, two = (catalog.kernel("sparse_flash_attention", {**shape, "tokens": n}).trace(chip) for n in (1, 2))
+    assert two.cores["aic"] == 2
+    assert simulate(two, chip).time == pytest.approx(simulate(one, chip).time, rel=0.05)
 
 
 def test_sfa_cube_work_and_gathers(chip):
@@ -109,17 +119,17 @@ def _cube_flops(nodes) -> float:
 
 def test_causal_ramp_is_dealt_in_units_of_a_full_block(chip):
     """Ramp blocks of k and 4 - k key tiles (tokens with fewer than top-k keys) are paired into units of one full
-    block's work: every core gets the same ramp work (16 units: 256 of 1 + 3 tiles and 128 of 2 + 2 over 24 cores),
+    block's work: every core gets the same ramp work (32 units: 512 of 1 + 3 tiles and 256 of 2 + 2 over 24 cores),
     so the cores reach the full band together and fold into two groups, not one per leftover pattern."""
     t = catalog.kernel("sparse_flash_attention", {"tokens": 131072, "keys": 131072}).trace(chip)
     loops = [[n for n in g.aic.body if isinstance(n, Loop)] for g in t.groups]
     assert len(t.groups) == 2 and t.tiling["bands"] == 3
-    assert {sum(loop.count for loop in ls[:-1]) for ls in loops} == {16}
+    assert {sum(loop.count for loop in ls[:-1]) for ls in loops} == {32}
     full = _cube_flops(loops[0][-1].body)
     assert all(_cube_flops(loop.body) == pytest.approx(full) for ls in loops for loop in ls)
-    # every 2-token block dealt once: two per unit, one per full-band iteration
+    # every one-token block dealt once: two per unit, one per full-band iteration
     assert sum(g.copies * (2 * sum(lp.count for lp in ls[:-1]) + ls[-1].count) for g, ls in zip(t.groups, loops)) \
-        == 131072 // 2
+        == 131072
 
 
 def test_prefill_keeps_one_key_range(chip):
@@ -128,9 +138,10 @@ def test_prefill_keeps_one_key_range(chip):
 
 
 def test_preload_runs_across_token_boundaries(chip):
-    """The next token's Q and first C1 are issued before this token's last C2 (the cube does not drain per token)."""
+    """In a block of two tokens (block_m 256) the next token's Q and first C1 are issued before this token's last C2
+    (the cube does not drain per token)."""
     from npusim.kernels.trace import unroll
-    t = catalog.kernel("sparse_flash_attention", {"tokens": 2, "keys": 4096, "kv_splits": 1}).trace(chip)
+    t = catalog.kernel("sparse_flash_attention", {"tokens": 2, "keys": 4096, "kv_splits": 1, "block_m": 256}).trace(chip)
     ops = [i.op for i, _ in unroll(t.groups[0].aic.body)]
     second_q = [k for k, op in enumerate(ops) if op == "load_q"][1]
     assert second_q < max(k for k, op in enumerate(ops) if op == "store_o") - 2 * 4  # 4 C2 row/column stores

@@ -1,7 +1,7 @@
 """Flash attention over each query token's key set: Sparse Flash Attention, dense flash attention, V4 shared-KV.
 
-One mechanism (models.md §3.5): a block of query rows (Huawei's SFA basic block 256 x 512: 2 tokens x 128 heads by
-512 selected keys) streams key tiles of `block_n`. Per tile the AIC computes S = Q K^T (C1, L0 blocks (128, 96) x
+One mechanism (models.md §3.5): a block of query rows (the AscendC SFA's basic block: one token's 128 heads — its
+tiling sets mBaseSize to gSize, the heads sharing a KV head — by 512 selected keys) streams key tiles of `block_n`. Per tile the AIC computes S = Q K^T (C1, L0 blocks (128, 96) x
 (96, 128), FIXPIPE to a GM workspace); the AIVs run the online-softmax step (V1: running max and sum, P = exp(S - m)
 in bf16); the AIC computes O~ = P V (C2, (128, 128) x (128, 128) blocks); the AIVs rescale the accumulator by
 exp(m_old - m_new) and add O~ (V2: the rescale is its own instruction, so a tiling that drops it fails
@@ -1093,13 +1093,20 @@ class SparseFlashAttention(Attention):
     batch: int = 1
     causal: int = 1
     dtype: str = "bf16"
-    block_m: int = 256
+    block_m: int = 0  # 0: one token's heads (mBaseSize = gSize)
     block_n: int = 512
     scale: float = 0.0  # 0 = d_qk^-0.5
     kv_splits: int = 1  # key ranges per block: 1 = never (the AscendC SFA's tiling), 0 = split-KV when blocks < cores
     buffering: int = 0  # depth of the double-buffered queues (0 = 2, as written)
     # the latent and the rope part of a row are separate caches: a pair of rows is two copies (AscendC SFA CopyInKv)
     pair_copies: ClassVar[int] = 2
+
+    def block_rows(self, chip: Chip) -> int:
+        """A block is one token's heads: the AscendC SFA's tiling sets its M base to gSize, the query heads sharing
+        the KV head (ops-transformer attention/sparse_flash_attention/op_host/sparse_flash_attention_tiling.cpp,
+        SFAMlaTiling::SplitBalanced), since each token gathers its own top-k rows; the blocks are dealt over all
+        AICs. block_m overrides it."""
+        return self.block_m or self.heads // self.kvh
 
     @property
     def width(self) -> int:
