@@ -205,3 +205,19 @@ def test_predict_verbose_lists_the_ignored_keys():
                          text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     assert "kimi_k2 (npusim family deepseek_v3)" in run.stdout and "rope_scaling" in run.stdout
+
+
+@pytest.mark.parametrize("name, ours", [
+    ("DeepSeek-V3.2", "deepseek-v3.2-exp"), ("DeepSeek-R1", "deepseek-v3.1"), ("DeepSeek-V4-Flash", "deepseek-v4-flash"),
+])
+def test_deepseek_configs_map_onto_the_catalog_models(models, name, ours):
+    """The released checkpoints' config.json and npusim's own files (written from models.md) are the same network:
+    every field a family uses agrees (V3.1's file keeps V3.2's indexer sizes with index_topk 0: no indexer)."""
+    hf, yaml_model = models[name], load_model(ours)
+    skip = {"name", "description", "provenance", "source_model_type", "ignored", "checked", "compress_ratios"}
+    if not yaml_model.has_indexer:
+        skip |= {"index_n_heads", "index_head_dim"}
+    for f in yaml_model.__dataclass_fields__:
+        if f not in skip:
+            assert getattr(hf, f) == getattr(yaml_model, f), f
+    assert parameters(hf).total == parameters(yaml_model).total

@@ -20,7 +20,9 @@ microbatch i+1 runs while the experts of microbatch i do, so the step tends to L
 L x (a + s + f + r) per m-th of the batch. Each side's per-microbatch layer time is its kernels on the engine, as in
 every other prediction, at the microbatch's tokens (weights are read again by every microbatch).
 
-Limits: the MTP layer's shared expert is counted with the attention side's weights; the combine op is timed where
+Limits: rows go straight from each attention die to their expert dies (xDeepServe's trampoline forward, a second
+hop when the sides differ in size, is not modelled); the MTP layer's shared expert is counted with the attention
+side's weights; the combine op is timed where
 the attention side runs it (the microbatch's next attention pass); expert-side load imbalance is the plan's
 `eplb.imbalance`, as co-located; no straggler or synchronisation variance between attention DP ranks.
 """
