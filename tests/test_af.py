@@ -115,3 +115,21 @@ def test_plan_af_cli_writes_the_fastest_split_and_predict_confirms_it(tmp_path):
     assert p.decode_chips == 32
     bad = subprocess.run(base + ["plan-af", "--ranks", "1"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--ranks" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_serving_times_an_af_decode_pool_with_the_af_schedule(tmp_path, setup):
+    from npusim.serving.predicted import EngineStepModel, ServedPlan, engine_capacity
+    from npusim.serving import Fixed, OpenLoop
+    with pytest.raises(NpusimError, match="decode.ffn_ranks"):
+        ServedPlan.of(setup)  # decode-only: nothing prefills
+    plan = tmp_path / "pd-af.yaml"
+    plan.write_text("inherits: r1-a3-decode-af\nprefill:\n  ranks: 32\n  attention: {dp: 32}\n  moe: {ep: 32}\n")
+    pd = load_setup("cloudmatrix384", R1, str(plan), "w8a8c8")
+    cap = engine_capacity(pd, ("decode",), max_batch=16)
+    model = EngineStepModel(pd, cap)
+    ours = model.decode_time(16, 4096, tokens_per_seq=2)
+    direct = af_step(pd.model, pd.plan, pd.system, batch=16 * 64, context=4096, quant=pd.quant).time
+    assert ours == direct
+    served = ServedPlan.of(pd, max_batch=16, points_per_octave=1)
+    r = served.run(OpenLoop(rate=20.0, input=Fixed(1024), output=Fixed(8)), requests=16, seed=0)
+    assert r.summary.completed == 16

@@ -4,7 +4,8 @@ Nothing here computes a latency. A step is `shard` + `step_time` of exactly the 
 busiest rank of that phase's instance), the HBM left for the cache comes from `memory`, and the prefill-to-decode
 link from `api.kv_transfer`; `GridStepModel` memoises the calls. Any `--set` override flows through `api.load_setup`.
 
-A serving rank is one attention-DP group of the plan: the dies that hold a sequence's cache between them (one die
+An attention-FFN disaggregated decode instance is timed by `parallel.af` (both sides' schedule) and its cache
+capacity counted on an attention die. A serving rank is one attention-DP group of the plan: the dies that hold a sequence's cache between them (one die
 under pure DP; tp x cp dies per pipeline stage otherwise). Its KV capacity is counted on one of those dies, with a
 token's cache split over the pipeline stages and CP chunks and replicated over attention TP (MLA's latent is shared
 by all heads), as `parallel.memory` counts it.
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from npusim.api import Setup, kv_transfer
 from npusim.errors import NpusimError
 from npusim.graph.accounting import cache_footprint
+from npusim.parallel.af import af_step
 from npusim.parallel.memory import memory
 from npusim.parallel.shard import shard
 from npusim.parallel.step import step_time
@@ -62,6 +64,9 @@ class EngineStepModel:
 
     def _time(self, phase: str, plan: Plan, batch: int, length: int, cached: int = 0) -> float:
         s = self.setup
+        if phase == "decode" and plan.instance("decode").ffn_ranks:  # attention-FFN disaggregated decode
+            return af_step(s.model, plan, s.system, batch=batch * _replicas(plan, phase), context=length,
+                           quant=s.quant).time
         step = shard(s.model, plan, phase, batch=batch * _replicas(plan, phase), length=length, quant=s.quant,
                      cached=cached)
         return step_time(step, plan, s.system).time
@@ -84,6 +89,10 @@ def _free_hbm(setup: Setup, phase: str, max_batch: int, token_budget: int) -> fl
     the scheduler runs (a full token budget of prompt; a full batch of decodes)."""
     batch, length = (1, token_budget) if phase == "prefill" else (max_batch, 1)
     s = setup
+    if phase == "decode" and s.plan.instance("decode").ffn_ranks:  # the cache lives on the attention dies
+        mem = af_step(s.model, s.plan, s.system, batch=batch * _replicas(s.plan, phase), context=length,
+                      quant=s.quant).attention_memory
+        return mem.capacity - mem.weights - mem.activations - mem.comm_buffers
     step = shard(s.model, s.plan, phase, batch=batch * _replicas(s.plan, phase), length=length, quant=s.quant)
     mem = memory(s.model, s.plan, step, s.quant, s.system.chip_spec, length)
     return mem.capacity - mem.weights - mem.activations - mem.comm_buffers
@@ -138,6 +147,10 @@ def deployment_from_plan(setup: Setup, *, chunk_size: int | None = None, kv_head
     chunk_size = plan.prefill_chunk or chunk_size
     pre, dec = plan.instance("prefill"), plan.instance("decode")
     disaggregated = plan.disaggregated
+    if dec.ffn_ranks and not disaggregated:
+        raise NpusimError("an attention-FFN disaggregated instance (decode.ffn_ranks) only decodes; the serving "
+                          "simulation needs a prefill instance beside it", file=plan.provenance.file,
+                          field="decode.ffn_ranks")
     return Deployment(prefill=Pool(instances=pre.instances, ranks=pre.attention.dp),
                       decode=Pool(instances=dec.instances, ranks=dec.attention.dp) if disaggregated else None,
                       link=kv_link(setup) if disaggregated else None, chunk_size=chunk_size, mtp=mtp_from_plan(plan),
