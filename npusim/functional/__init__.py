@@ -3,6 +3,13 @@
 Every function builds its kernel for the given shapes on `chip` (default 910b2), executes the trace with
 `npusim.functional.executor.execute`, and returns float64 arrays holding values of the output dtype. Shapes
 follow models.md: T query tokens, S keys, H heads, D head dim. Float64 references live in `.reference`.
+
+Semantics are those of DeepSeek's reference inference code (V3.2-Exp after the 2025-11-17 indexer fix, V4-Flash):
+fp8 is act_quant's ue8m0 1x128 (fp8amax the plain amax / 448), the MoE gate ranks groups by top-2 with a bias and
+by max without, RoPE and the MLA softmax scale come from a config's YaRN keys (`.rotary`), index rows are sets
+(-1 pads, a repeat is refused), V4's sparse_attn takes the reference's own lists (`v4_sparse_attn`). Limits: the
+kernels keep the Ascend numerics where they differ (the lightning indexer's fp16 head weights W~, the Hadamard's
+bf16 matrix entries); the Compressor's decode step pools by the kernel's actions, not a trace.
 """
 
 from __future__ import annotations

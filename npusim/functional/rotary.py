@@ -7,8 +7,8 @@ original length) blend f_i / factor and f_i by a linear ramp: f_i' = f_i / facto
 smooth_i = 1 - clamp((i - low) / (high - low), 0, 1). The table is computed in fp32 as the reference does (torch
 float32: the angle at position p is fp32(p * f_i'), so at p ~ 1e5 it carries the reference's ~1e-2 rad rounding too).
 The absorbed MLA's softmax scale is (qk_nope + qk_rope)^-0.5 * mscale^2, mscale = 0.1 mscale_factor ln(factor) + 1
-under YaRN. Limits: V4's per-layer choice (rope_theta on window-only layers, compress_rope_theta with YaRN on CSA /
-HCA layers) is the caller's: build one Rotary per theta.
+under YaRN (V4's shared-KV attention: head_dim^-0.5, no mscale). Limits: V4's per-layer choice (rope_theta on
+window-only layers, compress_rope_theta with YaRN on CSA / HCA layers) is the caller's: build one Rotary per theta.
 """
 
 from __future__ import annotations
