@@ -91,6 +91,21 @@ def test_causal_indexer_prefill_is_one_loop_of_equal_units():
     assert Simulation(t, chip).run().events < 100_000
 
 
+def test_indexer_pairs_query_blocks_only_where_the_causal_triangle_is_uneven():
+    """Pairs qb with nq-1-qb to even out a causal triangle; with keys far beyond the queries (kernels.md K133: 512
+    queries at the end of 4096 keys) every block sees the same tiles, and single blocks spread finer over 24 cores
+    (64 units of 8 tiles: 3 waves, where 32 pairs of 16 took 2 waves of 16)."""
+    from npusim.kernels.indexer import LightningIndexer
+
+    chip = load_chip("910c-die")
+    band = LightningIndexer(512, 4096, 32, 128, 1024, batch=1, dtype="fp16")
+    triangle = LightningIndexer(8192, 8192, 32, 128, 1024, batch=1, dtype="fp16")
+    assert not band.plan(chip).paired and triangle.plan(chip).paired
+    t = band.trace(chip)
+    assert t.tiling["units"] == "1 key ranges"
+    assert simulate(t, chip, launch="device").time == pytest.approx(224.6e-6, rel=0.15)  # K133 measured
+
+
 def test_indexer_decode_splits_keys_over_the_cores():
     """A decode step (1 token per sequence, 2 sequences, 128K keys) cuts each sequence's keys into ranges on as many
     cores as keep HBM streaming (more ranges only lengthen the merge on one vector core), merges the ranges after a

@@ -218,7 +218,10 @@ class LightningIndexer(Kernel):
         nq, full = cdiv(T, tb), cdiv(S, bn)
         vec = self.vector_heads(chip)
         cap = capacity(chip)
-        paired = bool(self.causal) and self.batch * (nq // 2) >= chip.aic.count
+        # pairs balance the causal triangle; when every query block sees the same key tiles (keys far beyond the
+        # queries) there is nothing to balance and single blocks spread over the cores in finer units
+        paired = (bool(self.causal) and self.batch * (nq // 2) >= chip.aic.count
+                  and self.tiles(0, tb, full) != self.tiles(nq - 1, tb, full))
         tps = cdiv(full, 1 if paired else splits)
         if not paired and self.causal and len({cdiv(self.tiles(q, tb, full), tps) for q in range(nq)}) > 1:
             tps = full  # causal query blocks with different range counts are not split (their merges would differ)
