@@ -46,6 +46,10 @@ def register(sub) -> None:
     p.add_argument("--requests", type=int, default=Traffic.requests,
                    help=f"requests served per plan checked under the load (default {Traffic.requests})")
     p.add_argument("--seed", type=int, default=Traffic.seed, help=f"random seed of the load (default {Traffic.seed})")
+    p.add_argument("--colocated", action="store_true",
+                   help="also serve co-located (PD-mixed) deployments of the frontier's decode layouts in the "
+                        "request-level simulation (closed loop, SLO at --percentile) and say whether co-located or "
+                        "disaggregated serves more tokens per chip at the SLO (seconds per serving run)")
     common.add_set(p)
     common.add_format(p)
     p.set_defaults(run=run)
@@ -103,9 +107,13 @@ def run(args) -> None:
              "plan_file": str(written) if written else None, "commands": confirm}
     if traffic:
         extra.update(load=traffic.describe(), served=json.loads(served.to_json(orient="records")))
+    mixed = _colocated(args, result) if args.colocated else None
+    if mixed:
+        extra["colocated"] = json.loads(mixed[0].to_json(orient="records"))
+        extra["verdict"] = mixed[1]
     if written:
         _write_search(result, written, frame, served if traffic else
-                      pd.DataFrame([c.row() for c in result.closest]).round(2))
+                      pd.DataFrame([c.row() for c in result.closest]).round(2), mixed)
     launches = _launches(args, result, written, overrides) if written else {}
     if launches:
         extra["launch"] = {name: {"file": str(path), **l.as_dict()} for name, (l, path) in launches.items()}
@@ -145,13 +153,35 @@ def run(args) -> None:
         v = result.verified
         print(f"under the load: TTFT {pct} {v.ttft * 1e3:.0f} ms, TPOT {pct} {v.tpot * 1e3:.1f} ms (one request: "
               f"{c.ttft * 1e3:.0f} ms, {c.tpot * 1e3:.1f} ms)")
+    if mixed:
+        print()
+        common.emit(mixed[0], "table", title=f"co-located vs disaggregated, served (closed loop of batch users, "
+                                              f"{args.requests}+ requests, SLO at {traffic.percentile if traffic else args.percentile})")
+        print(f"verdict: {mixed[1]}")
     print(f"written to {written}; confirm with:\n" + "\n".join(f"  {cmd}" for cmd in confirm))
     for name, (emitted, path) in launches.items():
         print(f"\n{emitted.framework.title} launch commands, written to {path}:\n")
         print(emitted.script(), end="")
 
 
-def _write_search(result, written, frame: pd.DataFrame, runners_up: pd.DataFrame) -> None:
+def _colocated(args, result):
+    """Co-located candidates served beside the disaggregated recommendation: their table and the verdict."""
+    import tempfile
+
+    from npusim.planner.colocated import compare_deployments, verdict
+    from npusim.planner.search import _plan_file
+
+    pct = result.traffic.percentile if result.traffic else args.percentile
+    with tempfile.TemporaryDirectory(prefix="npusim-colocated-") as workdir:
+        tried, disagg = compare_deployments(result.scenario, result.slo, result.frontier, result.recommended,
+                                            lambda doc: _plan_file(doc, workdir), percentile=pct,
+                                            requests=args.requests, seed=args.seed)
+    rows = pd.DataFrame([m.row(pct) for m in ([disagg] if disagg else []) + tried]).round(2)
+    return rows, verdict(tried, disagg, result.slo, pct)
+
+
+def _write_search(result, written, frame: pd.DataFrame, runners_up: pd.DataFrame,
+                  colocated: tuple | None = None) -> None:
     """The search beside the plan file (<plan>.search.json): its scenario, frontier and runners-up, which
     `npusim report <plan>` shows."""
     sc = result.scenario
@@ -160,7 +190,9 @@ def _write_search(result, written, frame: pd.DataFrame, runners_up: pd.DataFrame
                         "batch": result.recommended.decode.batch},
            "slo": {"ttft_s": result.slo.ttft, "tpot_s": result.slo.tpot},
            "frontier": json.loads(frame.to_json(orient="records")),
-           "runners_up": json.loads(runners_up.to_json(orient="records"))}
+           "runners_up": json.loads(runners_up.to_json(orient="records")),
+           "colocated": json.loads(colocated[0].to_json(orient="records")) if colocated else [],
+           "verdict": colocated[1] if colocated else ""}
     written.with_name(f"{written.stem}.search.json").write_text(json.dumps(doc, indent=1))
 
 

@@ -107,7 +107,8 @@ def run(args) -> None:
     sections = report.prediction_sections(pred, cost(pred), trace_file.name, _validation())
     if search:
         sections.append(report.frontier(pd.DataFrame(search.get("frontier", [])),
-                                        pd.DataFrame(search.get("runners_up", []))))
+                                        pd.DataFrame(search.get("runners_up", [])),
+                                        pd.DataFrame(search.get("colocated", [])), search.get("verdict", "")))
     subtitle = (f"{pred.model} on {pred.system}, plan {pred.plan}, {pred.quant}; written by npusim report "
                 f"{args.target}")
     out.write_text(report.page(f"npusim report: {title}", subtitle, sections))

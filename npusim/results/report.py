@@ -204,18 +204,32 @@ def closest_validation(frame: pd.DataFrame | None, hw: str, model: str, plan: st
     return Section("Validation status of the closest published rows", summary + table(shown, 1))
 
 
-def frontier(front: pd.DataFrame, served: pd.DataFrame) -> Section:
+def frontier(front: pd.DataFrame, served: pd.DataFrame, colocated: pd.DataFrame | None = None,
+             verdict: str = "") -> Section:
+    """The search's frontier (and, with `npusim plan --colocated`, the co-located deployments served beside the
+    disaggregated recommendation) in one figure of served tokens/s per chip against TPOT, then the tables."""
     plt = _plt()
     body = ""
     if not front.empty and {"tpot_ms", "served_tok_s_chip"} <= set(front):
         fig, ax = plt.subplots(figsize=(6, 3.2))
-        ax.plot(front["tpot_ms"], front["served_tok_s_chip"], "o-", color="#4c72b0")
+        ax.plot(front["tpot_ms"], front["served_tok_s_chip"], "o-", color="#4c72b0",
+                label="disaggregated frontier (one request)")
         for _, r in front.iterrows():
             ax.annotate(f"{r['chips']:g} chips", (r["tpot_ms"], r["served_tok_s_chip"]), fontsize=7)
+        if colocated is not None and not colocated.empty:
+            tpot = next(c for c in colocated if c.startswith("tpot_"))
+            for kind, marker, colour in (("co-located", "s", "#dd8452"), ("disaggregated", "^", "#55a868")):
+                rows = colocated[colocated["deployment"] == kind]
+                ax.plot(rows[tpot], rows["served_tok_s_chip"], marker, color=colour, linestyle="none",
+                        label=f"{kind}, served ({tpot.split('_')[1]})")
         ax.set(xlabel="TPOT (ms)", ylabel="served tokens/s per chip", title="Pareto frontier")
         ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
         body += svg_figure(fig)
     body += table(front)
+    if colocated is not None and not colocated.empty:
+        body += (f"<h3>Co-located vs disaggregated, served</h3><p id='verdict'>{_e(verdict)}</p>"
+                 + table(colocated))
     if not served.empty:
         body += "<h3>Runners-up (served under the load, or the closest candidates)</h3>" + table(served)
     return Section("Frontier and runners-up of the search", body)

@@ -1,0 +1,130 @@
+"""Co-located (PD-mixed) deployments beside the disaggregated search: which wins at the SLO, and by how much.
+
+A co-located instance prefills and decodes on the same ranks (chunked prefill inside the decode batches, DP
+attention + EP MoE), so a prompt's prefill steps stall the decodes running beside it: its TTFT and TPOT are not one
+request's figures. They come from the request-level serving simulation (`npusim serve`): the instance serves a
+closed loop of as many users as its batch, with its running limit per attention-DP rank and a token budget of one
+prompt; TTFT and TPOT are read at the SLO's percentile. The disaggregated recommendation is served the same way, so
+both sides of the verdict are served output tokens per second per chip at the SLO.
+
+Candidates are the decode layouts of the disaggregated frontier (the layouts that decode best), co-located on
+their own ranks and grown to the deployment's whole chip count. A co-located TPOT cannot beat the same decode alone
+(prefills only add to a step), so each layout starts at the batch its decode met TPOT with and halves the batch until
+the served TTFT and TPOT meet the SLO: the same monotone pruning the disaggregated search uses.
+Limits: closed-loop load only (a rate is served for the disaggregated frontier by `--rate`); one seed; serving runs
+cost seconds each, so the search is opt-in (`npusim plan --colocated`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from npusim import api
+from npusim.errors import NpusimError
+from npusim.planner.space import Layout, plan_document
+from npusim.serving import ClosedLoop, Fixed, Slo
+from npusim.serving.predicted import ServedPlan
+
+
+@dataclass(frozen=True)
+class Mixed:
+    """A deployment served under a closed loop of `batch` users: its percentile TTFT / TPOT and served rate."""
+
+    kind: str  # co-located | disaggregated
+    describe: str
+    ranks: int
+    chips: float
+    batch: int
+    ttft: float = math.inf
+    tpot: float = math.inf
+    served_tokens_per_s_per_chip: float = 0.0
+    error: str = ""
+
+    def meets(self, slo: Slo) -> bool:
+        return not self.error and self.ttft <= slo.ttft and self.tpot <= slo.tpot
+
+    def row(self, percentile: str) -> dict:
+        return {"deployment": self.kind, "layout": self.describe, "chips": self.chips, "batch": self.batch,
+                f"ttft_{percentile}_ms": self.ttft * 1e3, f"tpot_{percentile}_ms": self.tpot * 1e3,
+                "served_tok_s_chip": self.served_tokens_per_s_per_chip, "note": self.error}
+
+
+def _serve(sc, doc: dict, plan_file, describe: str, kind: str, batch: int, dp: int, slo: Slo, percentile: str,
+           requests: int, seed: int) -> Mixed:
+    path = plan_file(doc)
+    try:
+        setup = api.load_setup(sc.hw, sc.model, path, sc.quant, dict(sc.overrides))
+        pl = setup.plan
+        ranks = pl.ranks
+        chips = ranks / setup.system.chip_spec.dies
+        served = ServedPlan.of(setup, max_batch=math.ceil(batch / dp), token_budget=sc.input)
+        load = ClosedLoop(batch, Fixed(sc.input), Fixed(sc.output))
+        summary = served.run(load, seed=seed, requests=max(requests, 2 * batch), slo=slo).summary
+    except NpusimError as exc:
+        return Mixed(kind, describe, 0, 0.0, batch, error=exc.detail)
+    return Mixed(kind, describe, ranks, chips, batch, getattr(summary.ttft, percentile),
+                 getattr(summary.tpot, percentile), summary.output_throughput / chips)
+
+
+def colocated_doc(layout: Layout) -> dict:
+    doc = plan_document(None, layout)
+    doc["colocated"] = True
+    return doc
+
+
+def compare_deployments(sc, slo: Slo, frontier, recommended, plan_file, *, percentile: str = "p99",
+                        requests: int = 100, seed: int = 0, layouts: int = 2) -> tuple[list[Mixed], Mixed | None]:
+    """The co-located candidates tried (in order) and the disaggregated recommendation served the same way."""
+    if recommended is None:
+        return [], None
+    disagg = _serve(sc, plan_document(recommended.prefill.layout, recommended.decode.layout), plan_file,
+                    f"prefill {recommended.prefill.layout.describe()} + decode {recommended.decode.layout.describe()}",
+                    "disaggregated", recommended.decode.batch, recommended.decode.layout.dp, slo, percentile,
+                    requests, seed)
+    seen, starts = set(), []
+    for cand in sorted(frontier, key=lambda c: -c.decode_tokens_per_s_per_chip):
+        # o_proj is split over at least the attention-TP group: layouts differing below it are the same deployment
+        lay = replace(cand.decode.layout, two_microbatch=False,
+                      o_proj_tp=max(cand.decode.layout.o_proj_tp, cand.decode.layout.attention_tp))
+        if lay.family in {f for f, _ in seen}:
+            continue
+        if len({f for f, _ in seen}) >= layouts:
+            break
+        total = int(round(cand.chips * lay.ranks / cand.decode.chips)) if cand.decode.chips else 0
+        for ranks in dict.fromkeys((lay.ranks, total)):
+            if ranks and ranks & (ranks - 1) == 0:
+                seen.add((lay.family, ranks))
+                grown = replace(lay, ranks=ranks)
+                starts.append((grown, max(grown.dp, cand.decode.batch * ranks // lay.ranks)))
+    tried = []
+    for lay, batch in starts:
+        while batch >= lay.dp:
+            m = _serve(sc, colocated_doc(lay), plan_file, lay.describe(), "co-located", batch, lay.dp, slo,
+                       percentile, requests, seed)
+            tried.append(m)
+            if m.meets(slo) or m.error and "HBM" not in m.error:
+                break
+            batch //= 2
+    return tried, disagg
+
+
+def verdict(tried: list[Mixed], disagg: Mixed | None, slo: Slo, percentile: str) -> str:
+    """One sentence: which deployment serves more output tokens per chip at the SLO, and by how much."""
+    best = max((m for m in tried if m.meets(slo)), key=lambda m: m.served_tokens_per_s_per_chip, default=None)
+    if disagg is None:
+        return "no disaggregated plan meets the SLO, so there is nothing to compare"
+    if not disagg.meets(slo):
+        why = disagg.error or f"TTFT {disagg.ttft * 1e3:.0f} ms, TPOT {disagg.tpot * 1e3:.1f} ms"
+        tail = (f"; co-located {best.describe} meets it at {best.served_tokens_per_s_per_chip:.1f} tok/s per chip"
+                if best else "; no co-located candidate meets it either")
+        return f"the disaggregated recommendation misses the SLO at {percentile} when served ({why})" + tail
+    if best is None:
+        return (f"disaggregated wins: {disagg.served_tokens_per_s_per_chip:.1f} served tok/s per chip at the SLO "
+                f"({percentile}); no co-located candidate tried meets TTFT {slo.ttft * 1e3:g} ms and TPOT "
+                f"{slo.tpot * 1e3:g} ms when prefills share its steps")
+    a, b = disagg.served_tokens_per_s_per_chip, best.served_tokens_per_s_per_chip
+    win, lose, (x, y) = (("disaggregated", "co-located", (a, b)) if a >= b else ("co-located", "disaggregated", (b, a)))
+    return (f"{win} wins at the SLO ({percentile}): {x:.1f} vs {y:.1f} served output tok/s per chip "
+            f"({100 * (x / y - 1):+.0f} % over {lose}; co-located best {best.describe} at batch {best.batch}, "
+            f"{best.chips:g} chips)")
