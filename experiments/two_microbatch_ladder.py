@@ -107,6 +107,8 @@ def explain(cmp, layers: pd.DataFrame, ops: pd.DataFrame, streams: pd.DataFrame)
     attn_ops = [n for n in o.index if n in ("attention", "q_absorb", "o_absorb")]
     a1, a3 = o.loc[attn_ops, one].sum(), 2 * o.loc[attn_ops, split].sum()
     s3 = streams.loc[split]
+    hidden = streams.loc[one, "steady_layer_us"] - a1 - o.loc["attn_norm":"kv_cache_update", one].sum() \
+        - o.loc["o_proj", one]  # what follows o_proj in the one-stream layer
     att1, att3 = (next(t for t in _moe(p).ops if t.op == "attention") for p in (p1, p3))
     lm = layers.loc[("lm_head", 1)]
     mtp = layers.loc[("mtp", 1)]
@@ -132,7 +134,7 @@ def explain(cmp, layers: pd.DataFrame, ops: pd.DataFrame, streams: pd.DataFrame)
         "of HBM.",
         f"**{split} vs {one}: TPOT {p1.tpot * 1e3:.2f} -> {p3.tpot * 1e3:.2f} ms "
         f"({100 * (p3.tpot / p1.tpot - 1):+.1f} %).** The split hides the MoE path, the shared expert and the "
-        f"dispatch / combine ({streams.loc[one, 'steady_layer_us'] - a1 - o.loc['attn_norm':'kv_cache_update', one].sum() - o.loc['o_proj', one]:.0f} us "
+        f"dispatch / combine ({hidden:.0f} us "
         f"of the one-stream layer) behind attention, but the attention partition now does all of a layer's "
         f"attention on 16 of 24 AIC. The MLA decode attention (absorbed: {att1.activity.cube_flops / 1e9:.0f} GFLOP "
         f"per layer and die, 96 query tokens x 128 heads over 4K keys of the 576-wide latent cache) has a roofline "

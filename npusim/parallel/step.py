@@ -2,16 +2,18 @@
 repeated over its identical layers.
 
 The streams and schedule are the phase's own (`prefill.streams` / `decode.streams` over the plan-level `streams`):
-a prefill with two microbatches does not impose them on decode. Streams: `compute` runs the kernels in graph order; `comm` runs the collectives (on `compute` when the plan turns
-communication overlap off); `side` runs the shared expert when the plan puts it on a side stream. A kernel that
-consumes a collective's output waits for it; with two microbatches each layer runs twice at half the tokens,
-interleaved so that one microbatch's collectives overlap the other's kernels.
+a prefill with two microbatches does not impose them on decode. Streams: `compute` runs the kernels in graph order;
+`comm` runs the collectives (on `compute` when the plan turns communication overlap off); `side` runs the shared
+expert when the plan puts it on a side stream. A kernel that consumes a collective's output waits for it; with two
+microbatches each layer's body runs twice at half the tokens, interleaved so that one microbatch's collectives
+overlap the other's kernels, and its head (final norm, LM head) once on the whole batch.
 
 Plan switches act here on the schedule: fused groups run back to back with one launch and their intermediates on
 chip (fusion.py); with `streams.attention_cores` the attention ops run on an `attn` stream holding that many cores
-and the FFN/MoE ops on an `ffn` stream holding the rest, so one microbatch's attention overlaps the other's MoE (and
-its dispatch / combine the other's compute): each kernel is simulated on its partition's cores at their own DMA rates,
-and kernels running side by side share the chip's HBM and L2 as fluid servers (engine/streams.py); with KV offload, a `host` stream gathers the selected cache rows before attention.
+and the FFN/MoE ops on an `ffn` stream holding the rest, so one microbatch's attention overlaps the other's MoE path
+and its dispatch / combine: each kernel is simulated on its partition's cores at their own DMA rates, and kernels
+running side by side share the chip's HBM and L2 as fluid servers (engine/streams.py; a kernel's traffic is taken as
+steady over its duration). With KV offload, a `host` stream gathers the selected cache rows before attention.
 """
 
 from __future__ import annotations

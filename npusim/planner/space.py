@@ -128,7 +128,8 @@ class SearchSpace:
         """(two microbatches, attention AIC) pairs searched for a role."""
         out = [(two_mb, 0) for two_mb in self.two_microbatch]
         if role == "decode" and True in self.two_microbatch and self.aic:
-            out += [(True, round(share * self.aic)) for share in self.core_split if 0 < round(share * self.aic) < self.aic]
+            cores = (round(share * self.aic) for share in self.core_split)
+            out += [(True, n) for n in cores if 0 < n < self.aic]
         return out
 
     def prefill_layouts(self) -> list[Layout]:

@@ -4,8 +4,8 @@ A plan names up to two instance roles. `prefill` and `decode` run on separate ra
 disaggregation. A plan with one instance serves both phases on it when `colocated` (PD mixed) or when that instance
 is a prefill; a plan with only a decode instance and not colocated is a decode-only deployment (the decode pool of
 a disaggregated service): it runs no prefill, so predict reports no TTFT for it. The serving simulation runs a
-one-instance plan co-located either way (requests must be prefilled somewhere). Degrees count ranks: dies on Atlas A3 (a 910C = 2 ranks), chips
-elsewhere (published.md §0).
+one-instance plan co-located either way (requests must be prefilled somewhere). Degrees count ranks: dies on
+Atlas A3 (a 910C = 2 ranks), chips elsewhere (published.md §0).
 """
 
 from __future__ import annotations
