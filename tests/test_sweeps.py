@@ -71,13 +71,9 @@ def test_save_writes_csv_and_figures(serial, tmp_path):
     files = save(serial, SweepSpec("t", BASE, GRID), tmp_path)
     names = {f.name for f in files}
     assert {"t.csv", "t-tpot_vs_batch.png", "t-roofline.png"} <= names
-    assert ("t.parquet" in names) == _has_pyarrow()
+    assert "t.parquet" in names  # pyarrow is a dependency: Parquet always beside the CSV
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "t.parquet"), serial)
     assert len(pd.read_csv(tmp_path / "t.csv")) == 6
-
-
-def _has_pyarrow():
-    import importlib.util
-    return importlib.util.find_spec("pyarrow") is not None
 
 
 def test_cli_sweep_file(cli, tmp_path):

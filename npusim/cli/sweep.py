@@ -13,7 +13,7 @@ SHOWN = ("ttft_s", "tpot_s", "decode_tokens_per_s_per_chip", "decode_usd_per_mto
 
 
 def register(sub) -> None:
-    p = sub.add_parser("sweep", help="predict a grid or list over any dotted field; CSV (+ Parquet with pyarrow) and "
+    p = sub.add_parser("sweep", help="predict a grid or list over any dotted field; CSV + Parquet and "
                                      "figures")
     p.add_argument("file", help="sweep YAML (see workloads/sweeps/)")
     p.add_argument("--out", default=None, help="output directory (default sweeps/<name>)")
