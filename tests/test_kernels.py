@@ -106,6 +106,18 @@ def test_indexer_pairs_query_blocks_only_where_the_causal_triangle_is_uneven():
     assert simulate(t, chip, launch="device").time == pytest.approx(224.6e-6, rel=0.15)  # K133 measured
 
 
+def test_indexer_reads_a_paged_cache_page_by_page():
+    """PA_BSND keys (kernels.md K138: 16-key blocks) come one DMA per page; the AIC's MTE2 issues them one after
+    another (aic mte2 issue_cycles, from K138's raw profile), so small pages cost time where 128-key pages do not."""
+    chip = load_chip("910b3")
+    shape = {"tokens": 3, "keys": 512, "heads": 64, "topk": 315, "batch": 20, "causal": 0}
+    flat, small, large = (catalog.kernel("lightning_indexer", shape | page).trace(chip)
+                          for page in ({}, {"page": 16}, {"page": 128}))
+    assert {i.issues for _, i, _ in small.instructions() if i.op == "load_k" and i.pipe == "mte2"} == {16}
+    t_flat, t_small, t_large = (simulate(t, chip, launch="device").time for t in (flat, small, large))
+    assert t_small > t_flat + 3e-6 and t_large < t_flat + 0.5e-6
+
+
 def test_indexer_decode_splits_keys_over_the_cores():
     """A decode step (1 token per sequence, 2 sequences, 128K keys) cuts each sequence's keys into ranges on as many
     cores as keep HBM streaming (more ranges only lengthen the merge on one vector core), merges the ranges after a

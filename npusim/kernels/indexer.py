@@ -145,7 +145,7 @@ class LightningIndexer(Kernel):
     are visible)."""
 
     name: ClassVar[str] = "lightning_indexer"
-    options: ClassVar[tuple[str, ...]] = ("dtype", "causal", "block_m", "block_n", "splits", "buffering")
+    options: ClassVar[tuple[str, ...]] = ("dtype", "causal", "block_m", "block_n", "splits", "buffering", "page")
     tokens: int
     keys: int
     heads: int = 64
@@ -158,6 +158,7 @@ class LightningIndexer(Kernel):
     block_n: int = 512  # keys per block
     splits: int = 0  # key ranges per query block (0 = the tiler's choice)
     buffering: int = 0  # depth of the double-buffered queues (0 = 2, as written)
+    page: int = 0  # keys per block of a paged cache (PA_BSND's block size): one DMA per page; 0 = contiguous keys
 
     @property
     def quantised(self) -> bool:
@@ -197,6 +198,9 @@ class LightningIndexer(Kernel):
                               f"block_n={bn} must be an even number of keys >= 32", field="tiling.block_m")
         if H > 128:
             raise NpusimError(f"lightning_indexer: {H} heads do not fit a 128-row L0 chunk", field="heads")
+        if self.page < 0:
+            raise NpusimError(f"lightning_indexer page={self.page}: a paged cache's block holds >= 1 key, or 0 for "
+                              "contiguous keys", field="page")
         tb = min(tpb, T)
         if self.block_m and self.splits:
             return self.layout(chip, tb, self.splits)
@@ -505,15 +509,17 @@ class Launch:
 
     @stage
     def copy_in_k(self, c: Code) -> None:
-        """MTE2: the step's key tile into L1 in two halves."""
+        """MTE2: the step's key tile into L1 in two halves; from a paged cache, one DMA per page (its block-table
+        entry read first), so a half of many small pages is bound by their issue (aic mte2 issue_cycles)."""
         dt, S, D, bn = self.li.dtype, self.li.keys, self.li.dim, self.p.bn
         kh = bn // 2
+        pages = cdiv(kh, self.li.page) if self.li.page else 1
         for h in range(2):
             c.alloc(self.q.k)
             c.op("mte2", "load_k", Act("load", Ref(f"l1.k{h}", (0, 0), (kh, D)),
                                        (Ref("k", (lin(("bi", S), ("kt", bn), base=h * kh), 0), (kh, D),
                                             (self.kstop, D)),), self.fe),
-                 bytes=nbytes(dt, kh, D), dtype=dt, src="gm", dst="l1", hit=self.hit_k)
+                 bytes=nbytes(dt, kh, D), dtype=dt, src="gm", dst="l1", hit=self.hit_k, issues=pages)
             c.enque(self.q.k)
 
     @stage
