@@ -46,7 +46,11 @@ def test_each_partition_takes_its_microbatches_in_order(setup, step):
     assert span["mb0.experts_gate_up"].start < span["mb1.attention"].end
     assert span["mb0.experts_gate_up"].task.units == 8 and span["mb1.attention"].task.units == 16
     # its dispatch and combine run under mb1's attention kernels
-    assert span["mb1.attention"].start < span["mb0.moe_combine_all_to_all"].end <= span["mb1.attention"].end
+    for comm in ("mb0.moe_dispatch", "mb0.moe_combine_all_to_all"):
+        assert span[comm].start < span["mb1.attention"].end and span[comm].end > span["mb1.q_a_proj"].start
+    # the shared expert on its side stream takes the FFN partition's cores, never the attention partition's
+    assert {span[f"mb{m}.shared_gate_up"].task.resource for m in (0, 1)} == {"ffn_cores"}
+    assert span["mb1.attention"].task.resource == "attn_cores"
 
 
 def test_the_head_runs_once_on_the_whole_batch(setup, step):
@@ -68,4 +72,4 @@ def test_the_ladder_one_stream_two_microbatches_split():
     # on 16 + 8 cores they overlap attention with the MoE path and come within a few % of one stream
     assert full.tpot > 1.15 * base.tpot
     assert split.tpot < 0.85 * full.tpot
-    assert split.tpot == pytest.approx(base.tpot, rel=0.05)
+    assert split.tpot == pytest.approx(base.tpot, rel=0.03)

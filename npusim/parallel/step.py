@@ -130,6 +130,18 @@ class Partition:
             return "compute", 0
         return ("attn", self.attn_cores) if index < self.split else ("ffn", self.total - self.attn_cores)
 
+    @property
+    def capacity(self) -> dict[str, int]:
+        """The core pools: the whole chip, and each partition's own AIC (a side-stream kernel on the FFN partition
+        takes that partition's cores, never the attention partition's)."""
+        split = {"attn_cores": self.attn_cores, "ffn_cores": self.total - self.attn_cores} if self.attn_cores else {}
+        return {"cores": self.total} | split
+
+
+def _pool(stream: str) -> str:
+    """The core pool a kernel of `stream` holds."""
+    return {"attn": "attn_cores", "ffn": "ffn_cores"}.get(stream, "cores")
+
 
 def _partition(names: list[str], streams: Streams, total: int) -> Partition:
     n = streams.attention_cores
@@ -208,7 +220,7 @@ def layer_time(layer: RankLayer, plan: Plan, system: System, streams: Streams | 
             _add_part(sched, head, "head.", None, len(body.ops), 1, plan, system, streams, cores,
                       ("mb0.layer_end", "mb1.layer_end"))
     tasks = _interleave(sched.tasks, micro, bool(cores.attn_cores))
-    capacity = {"cores": chip.aic.count, "link": 1, "host": 1}
+    capacity = cores.capacity | {"link": 1, "host": 1}
     servers = _servers(chip)
     tl = run_streams([t for t in tasks if "L1." not in t.name], capacity, servers)
     time = tl.makespan
@@ -248,7 +260,7 @@ def _add_part(sched: _Schedule, part: RankLayer, tag: str, prev: str | None, off
         if count:
             sched.ops.append((t, count))
         side = streams.shared_expert_side_stream and op.name in SIDE_STREAM_OPS
-        stream = "side" if side else stream
+        pool, stream = _pool(stream), "side" if side else stream
         after = list(feeds.get(op.name, ())) + list(after_all)
         if prev and not side:
             after.append(prev)
@@ -258,7 +270,7 @@ def _add_part(sched: _Schedule, part: RankLayer, tag: str, prev: str | None, off
             sched.tasks.append(Task(tag + "kv_offload_gather", "host", part.host_bytes / system.host_link,
                                     (prev,) if prev else (), resource="host", units=1, category="comm"))
             after.append(tag + "kv_offload_gather")
-        sched.tasks.append(Task(tag + op.name, stream, t.time, tuple(after), resource="cores",
+        sched.tasks.append(Task(tag + op.name, stream, t.time, tuple(after), resource=pool,
                                 units=aic or chip.aic.count, flows=_traffic(t) if cores.attn_cores else ()))
         if not side:
             prev = tag + op.name
