@@ -248,3 +248,30 @@ def test_non_integer_token_counts(tmp_path):
     w = _file(tmp_path, "w.yaml", "name: w\ngrid: {batch: [8.5]}\n")
     assert_refused(run("sweep", w, "--cache", "off"), w, "field 'grid.batch'")
     assert_refused(run("predict", "--input", "4096.5"), "--input")
+
+
+# ------------------------------------------------------------------------------------ command-line options
+
+SERVE = ("serve", "--requests", "2", "--input", "128", "--output", "4")
+
+
+@pytest.mark.parametrize("argv, needles", [
+    ((*SERVE, "--rate", "inf"), ["argument --rate", "'inf'"]),
+    ((*SERVE, "--rate", "1", "--duration", "inf"), ["argument --duration"]),
+    ((*SERVE, "--rates", "1,inf"), ["--rates:", "finite"]),
+    ((*SERVE, "--rate", "1", "--input", "lognormal:100:inf"), ["--input:", "sigma"]),
+    ((*SERVE, "--concurrency", "0"), ["--concurrency:", "at least 1"]),
+    ((*SERVE, "--rate", "1", "--prefix-hit", "2"), ["--prefix-hit:"]),
+    (("plan", "--rate", "nan"), ["argument --rate"]),
+    (("kernel", "verify", "rowwise", "--shape", "rows=8,cols=nan"), ["--shape:", "whole numbers"]),
+    (("kernel", "sim", "gemm", "--shape", "m=1.5,n=128,k=128"), ["--shape:", "'m=1.5' is not a whole number"]),
+    (("kernel", "show", "flash_attention", "--shape", "tokens=128,keys=128,scale=nan"), ["--shape:", "finite"]),
+])
+def test_option_values(argv, needles):
+    assert_refused(run(*argv), *needles)
+
+
+def test_an_output_path_in_the_way_is_refused(tmp_path):
+    blocker = tmp_path / "figs"
+    blocker.write_text("a file where a directory goes")
+    assert_refused(run(*SERVE, "--rate", "1", "--figures", blocker), str(blocker), "cannot read or write")

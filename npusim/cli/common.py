@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import pandas as pd
@@ -10,6 +11,17 @@ import pandas as pd
 from npusim.errors import NpusimError
 
 FORMATS = ("table", "json", "csv")
+
+
+def finite(text: str) -> float:
+    """argparse type of a number option: NaN and infinity are refused with the option's name, as any bad value."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return value
+
+
+finite.__name__ = "finite number"  # argparse's message: "argument --rate: invalid finite number value: 'inf'"
 
 
 def add_format(parser) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from npusim.cli.common import add_format, add_set, emit, parse_overrides
-from npusim.errors import NpusimError
+from npusim.errors import NpusimError, as_written
 from npusim.kernels import catalog
 from npusim.kernels.base import Kernel, capacity
 from npusim.spec.chip import Chip, load_chip
@@ -32,7 +32,15 @@ def load_kernel(args) -> tuple[Kernel, Chip]:
     """(kernel, chip) from args.name, args.shape ('k=v,...'; option keys such as dtype or block_m allowed),
     args.hw and args.overrides."""
     chip = load_chip(args.hw, parse_overrides(getattr(args, "overrides", [])))
-    return catalog.kernel(args.name, parse_shape(args.shape)), chip
+    return kernel_of(args.name, parse_shape(args.shape)), chip
+
+
+def kernel_of(name: str, shape: dict[str, str]) -> Kernel:
+    """catalog.kernel, its refusals of the shape named as the option the user wrote it in."""
+    try:
+        return catalog.kernel(name, shape)
+    except NpusimError as exc:
+        raise as_written(exc, {"shape": {"field": "--shape"}}) from None
 
 
 def add_kernel_args(parser, hw: bool = True) -> None:
@@ -101,7 +109,10 @@ def run_verify(args) -> None:
     if args.name not in VERIFY:
         raise NpusimError(f"kernel '{args.name}' has no functional check yet; checked: "
                           f"{', '.join(sorted(VERIFY))}")
-    shape = Used({k: int(v) for k, v in parse_shape(args.shape).items()})
+    try:
+        shape = Used({k: int(v) for k, v in parse_shape(args.shape).items()})
+    except ValueError:
+        raise NpusimError(f"'{args.shape}' must give whole numbers, e.g. rows=8,cols=64", field="--shape") from None
     errs = VERIFY[args.name](shape, np.random.default_rng(args.seed))
     dims = ",".join(f"{k}={v}" for k, v in shape.used.items())
     rows = [{"shape": dims, "scheme": e.scheme, "tolerance": e.tolerance, "max_abs": e.max_abs, "max_rel": e.max_rel,

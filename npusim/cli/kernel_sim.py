@@ -12,12 +12,11 @@ import dataclasses
 import pandas as pd
 
 from npusim.cli import common
-from npusim.cli.kernel import add_kernel_args
+from npusim.cli.kernel import add_kernel_args, kernel_of
 from npusim.engine import simulate, simulate_timeline, write_chrome_trace
 from npusim.engine.l2state import L2_STATES, at_launch
 from npusim.engine.result import LAUNCH_MODES
 from npusim.errors import NpusimError
-from npusim.kernels import catalog
 from npusim.kernels.base import KERNELS
 from npusim.spec.chip import load_chip
 
@@ -68,7 +67,7 @@ def parse_shape(cls, text: str) -> dict[str, str]:
 def run_sim(args) -> None:
     chip = load_chip(args.hw, common.parse_overrides(args.overrides))
     cls = KERNELS.get(args.name)
-    kernel = catalog.kernel(args.name, parse_shape(cls, args.shape) if cls else {})
+    kernel = kernel_of(args.name, parse_shape(cls, args.shape) if cls else {})
     trace = at_launch(kernel.trace(chip), chip, args.l2)
     if args.trace:
         result, timeline = simulate_timeline(trace, chip, launch=args.launch)

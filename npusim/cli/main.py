@@ -44,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # a path the user named cannot be read or written (a directory, a file in the way, ...)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"npusim: error: {where}cannot read or write it ({exc.strerror or exc})", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -28,7 +28,7 @@ def register(sub) -> None:
     p.add_argument("--input", type=int, default=api.DEFAULT["input"], help="prompt tokens")
     p.add_argument("--output", type=int, default=api.DEFAULT["output"], help="output tokens")
     p.add_argument("--slo", default="ttft=2s,tpot=30ms", help="targets, e.g. ttft=2s,tpot=30ms (default)")
-    p.add_argument("--max-chips", type=float, default=None, help="chip budget for both instances (default: the system)")
+    p.add_argument("--max-chips", type=common.finite, default=None, help="chip budget for both instances (default: the system)")
     p.add_argument("--quant", default=api.DEFAULT["quant"], help="quantisation preset ('model' = checkpoint format)")
     p.add_argument("--ranks", default="", help="instance sizes in ranks to try, e.g. 16,32 (default: powers of two)")
     p.add_argument("--mtp", default="0,1,3", help="MTP depths to try (published acceptances: 0, 1, 3)")
@@ -38,7 +38,7 @@ def register(sub) -> None:
                    help="also write the recommended deployment's launch commands for this serving framework beside "
                         "the plan file (<plan>.<framework>.sh) and print them (repeatable)")
     load = p.add_mutually_exclusive_group()
-    load.add_argument("--rate", type=float, help="also serve the frontier at this many requests/s (Poisson) and "
+    load.add_argument("--rate", type=common.finite, help="also serve the frontier at this many requests/s (Poisson) and "
                                                  "recommend the cheapest plan that meets the SLO under it")
     load.add_argument("--concurrency", type=int, help="the same for this many concurrent users (closed loop)")
     p.add_argument("--percentile", default=Traffic.percentile, choices=PERCENTILES,

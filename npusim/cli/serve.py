@@ -7,6 +7,7 @@ finds the knee where TTFT p99 leaves the SLO. The serving package does the work;
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from dataclasses import asdict
@@ -16,7 +17,7 @@ import pandas as pd
 
 from npusim import api
 from npusim.cli import common
-from npusim.errors import NpusimError
+from npusim.errors import NpusimError, as_written
 from npusim.serving import ClosedLoop, Fixed, LogNormal, OpenLoop, Scheduler, Slo, Uniform, knee, plots, read_trace
 from npusim.serving.deployment import SCHEDULERS
 from npusim.serving.load import Load
@@ -37,7 +38,7 @@ def register(sub) -> None:
     p.add_argument("--quant", default=d["quant"], help=f"quantisation preset (default {d['quant']}; 'model' = the "
                                                        "checkpoint's own format)")
     load = p.add_mutually_exclusive_group()
-    load.add_argument("--rate", type=float, help="open loop: requests/s (Poisson; see --cv)")
+    load.add_argument("--rate", type=common.finite, help="open loop: requests/s (Poisson; see --cv)")
     load.add_argument("--rates", help="rate sweep R1,R2,...: one run per rate, and the SLO knee")
     load.add_argument("--trace", metavar="FILE", help="replay a CSV / JSONL trace (arrival, input, output[, prefix_hit])")
     p.add_argument("--concurrency", type=int, help="alone: closed loop, users each waiting for their last request; "
@@ -45,12 +46,12 @@ def register(sub) -> None:
                                                    "bench clients' --max-concurrency beside --request-rate")
     stop = p.add_mutually_exclusive_group()
     stop.add_argument("--requests", type=int, help=f"requests to serve (default {DEFAULT_REQUESTS}; a trace: all)")
-    stop.add_argument("--duration", type=float, help="seconds of simulated time to observe instead")
+    stop.add_argument("--duration", type=common.finite, help="seconds of simulated time to observe instead")
     p.add_argument("--input", help=f"prompt tokens: N, uniform:LOW:HIGH or lognormal:MEDIAN:SIGMA[:MAX] "
                                    f"(default {DEFAULT_INPUT})")
     p.add_argument("--output", help=f"output tokens, same forms (default {DEFAULT_OUTPUT})")
-    p.add_argument("--prefix-hit", type=float, default=0.0, help="fraction of every prompt in the prefix cache")
-    p.add_argument("--cv", type=float, default=1.0, help="coefficient of variation of inter-arrival gaps "
+    p.add_argument("--prefix-hit", type=common.finite, default=0.0, help="fraction of every prompt in the prefix cache")
+    p.add_argument("--cv", type=common.finite, default=1.0, help="coefficient of variation of inter-arrival gaps "
                                                          "(1 = Poisson, above 1 bursty)")
     p.add_argument("--scheduler", choices=SCHEDULERS, default="vllm",
                    help="step semantics of the framework: vllm (the token budget, max_num_batched_tokens, counts "
@@ -81,7 +82,19 @@ def register(sub) -> None:
     p.set_defaults(run=run)
 
 
+# the serving layer's names of what these options set: its refusals are named as the user wrote them
+OPTION_OF = {"rate": "--rate", "cv": "--cv", "prefix_hit": "--prefix-hit", "concurrency": "--concurrency",
+             "max_concurrency": "--concurrency", "requests": "--requests", "duration": "--duration"}
+
+
 def run(args) -> None:
+    try:
+        _run(args)
+    except NpusimError as exc:
+        raise as_written(exc, {name: {"field": option} for name, option in OPTION_OF.items()}) from None
+
+
+def _run(args) -> None:
     slo = Slo.parse(args.slo) if args.slo else None
     if not (args.rate or args.rates or args.trace or args.concurrency is not None):
         raise NpusimError("give a load: --rate, --rates, --concurrency or --trace", field="--rate")
@@ -263,8 +276,8 @@ def parse_rates(text: str) -> list[float]:
         rates = [float(r) for r in text.split(",")]
     except ValueError:
         raise NpusimError(f"'{text}' must be comma-separated requests/s, e.g. 0.5,1,2,4", field="--rates") from None
-    if any(not r > 0 for r in rates) or rates != sorted(set(rates)):
-        raise NpusimError(f"'{text}' must be positive rates in increasing order", field="--rates")
+    if any(not 0 < r < math.inf for r in rates) or rates != sorted(set(rates)):
+        raise NpusimError(f"'{text}' must be finite positive rates in increasing order", field="--rates")
     return rates
 
 

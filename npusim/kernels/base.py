@@ -104,8 +104,11 @@ class Kernel:
             f = fields[key]
             try:
                 args[key] = str(val) if f.type == "str" else float(val) if f.type == "float" else int(val)
+                if f.type == "float" and not math.isfinite(args[key]):
+                    raise ValueError(val)
             except (TypeError, ValueError):
-                raise NpusimError(f"kernel {cls.name} shape '{key}={val}' is not a number", field="shape") from None
+                what = "text" if f.type == "str" else "finite number" if f.type == "float" else "whole number"
+                raise NpusimError(f"kernel {cls.name} shape '{key}={val}' is not a {what}", field="shape") from None
         missing = [n for n, f in fields.items() if f.default is dataclasses.MISSING and n not in args]
         if missing:
             raise NpusimError(f"kernel {cls.name} needs shape keys {', '.join(missing)}", field="shape")

@@ -74,8 +74,10 @@ class LogNormal:
     high: int | None = None
 
     def __post_init__(self):
-        _require(self.median >= 1, "median", f"must be at least 1, got {self.median}")
-        _require(self.sigma >= 0, "sigma", f"must not be negative, got {self.sigma}")
+        _require(math.isfinite(self.median) and self.median >= 1, "median",
+                 f"must be a finite number of at least 1, got {self.median}")
+        _require(math.isfinite(self.sigma) and self.sigma >= 0, "sigma",
+                 f"must be a finite number, not negative, got {self.sigma}")
         _require(self.low >= 1 and (self.high is None or self.high >= self.low), "low",
                  f"need 1 <= low <= high, got low={self.low}, high={self.high}")
 
