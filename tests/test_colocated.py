@@ -57,4 +57,4 @@ def test_served_ttft_is_bounded_by_the_prefill_alone_and_halving_follows_a_miss(
         assert r["ttft_p99_ms"] >= alone.ttft * 1e3 * 0.99, r
     for a, b in zip(rows, rows[1:]):
         if a["layout"] == b["layout"]:
-            assert b["batch"] == a["batch"] // 2 and (a["ttft_p99_ms"] > 2000 or a["tpot_p99_ms"] > 50)
+            assert b["batch"] <= a["batch"] // 2 and (a["ttft_p99_ms"] > 2000 or a["tpot_p99_ms"] > 50)

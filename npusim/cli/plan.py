@@ -155,7 +155,7 @@ def run(args) -> None:
               f"{c.ttft * 1e3:.0f} ms, {c.tpot * 1e3:.1f} ms)")
     if mixed:
         print()
-        common.emit(mixed[0], "table", title=f"co-located vs disaggregated, served (closed loop of batch users, "
+        common.emit(mixed[0], "table", title=f"co-located vs disaggregated, served (closed loop, fewer users until the SLO is met, "
                                               f"{args.requests}+ requests, SLO at {traffic.percentile if traffic else args.percentile})")
         print(f"verdict: {mixed[1]}")
     print(f"written to {written}; confirm with:\n" + "\n".join(f"  {cmd}" for cmd in confirm))

@@ -8,9 +8,12 @@ prompt; TTFT and TPOT are read at the SLO's percentile. The disaggregated recomm
 both sides of the verdict are served output tokens per second per chip at the SLO.
 
 Candidates are the decode layouts of the disaggregated frontier (the layouts that decode best), co-located on
-their own ranks and grown to the deployment's whole chip count. A co-located TPOT cannot beat the same decode alone
-(prefills only add to a step), so each layout starts at the batch its decode met TPOT with and halves the batch until
-the served TTFT and TPOT meet the SLO: the same monotone pruning the disaggregated search uses.
+their own ranks and grown to the deployment's whole chip count, prefilling in chunks of `chunk` tokens per step (a
+choice, 8192 by default, not a measured figure). A co-located TPOT cannot beat the same decode alone (prefills only add
+to a step), so each layout starts at the batch its decode met TPOT with and serves fewer users until the served TTFT
+and TPOT meet the SLO: half as many, or at once the concurrency the run's completed request rate sustains when a
+queue built up (Little's law). The disaggregated recommendation is walked down the same way: its one prefill instance
+may not keep up with a closed loop as large as its decode batch.
 Limits: closed-loop load only (a rate is served for the disaggregated frontier by `--rate`); one seed; serving runs
 cost seconds each, so the search is opt-in (`npusim plan --colocated`).
 """
@@ -39,6 +42,7 @@ class Mixed:
     ttft: float = math.inf
     tpot: float = math.inf
     served_tokens_per_s_per_chip: float = 0.0
+    requests_per_s: float = 0.0  # completed requests per second in the run
     error: str = ""
 
     def meets(self, slo: Slo) -> bool:
@@ -51,20 +55,21 @@ class Mixed:
 
 
 def _serve(sc, doc: dict, plan_file, describe: str, kind: str, batch: int, dp: int, slo: Slo, percentile: str,
-           requests: int, seed: int) -> Mixed:
+           requests: int, seed: int, chunk: int) -> Mixed:
     path = plan_file(doc)
     try:
         setup = api.load_setup(sc.hw, sc.model, path, sc.quant, dict(sc.overrides))
         pl = setup.plan
         ranks = pl.ranks
         chips = ranks / setup.system.chip_spec.dies
-        served = ServedPlan.of(setup, max_batch=math.ceil(batch / dp), token_budget=sc.input)
+        budget = sc.input if kind == "disaggregated" else min(sc.input, chunk)
+        served = ServedPlan.of(setup, max_batch=math.ceil(batch / dp), token_budget=budget)
         load = ClosedLoop(batch, Fixed(sc.input), Fixed(sc.output))
         summary = served.run(load, seed=seed, requests=max(requests, 2 * batch), slo=slo).summary
     except NpusimError as exc:
         return Mixed(kind, describe, 0, 0.0, batch, error=exc.detail)
     return Mixed(kind, describe, ranks, chips, batch, getattr(summary.ttft, percentile),
-                 getattr(summary.tpot, percentile), summary.output_throughput / chips)
+                 getattr(summary.tpot, percentile), summary.output_throughput / chips, summary.request_throughput)
 
 
 def colocated_doc(layout: Layout) -> dict:
@@ -73,15 +78,36 @@ def colocated_doc(layout: Layout) -> dict:
     return doc
 
 
+def _walk(serve, batch: int, slo: Slo, output: int) -> list[Mixed]:
+    """Serve at `batch` users, then fewer until the SLO is met: half, or at once the concurrency the run's completed
+    request rate sustains within the SLO (Little's law: rate x (TTFT limit + output x TPOT)) when a queue built up."""
+    tried = []
+    while batch >= 1:  # fewer users than attention-DP ranks leave ranks idle, which may be what the SLO takes
+        m = serve(batch)
+        tried.append(m)
+        if m.meets(slo) or m.error and "HBM" not in m.error:
+            break
+        fewer = batch // 2
+        if m.requests_per_s and not m.error:
+            fewer = max(1, min(fewer, int(m.requests_per_s * (slo.ttft + output * min(m.tpot, slo.tpot)))))
+        batch = fewer if fewer < batch else 0
+    return tried
+
+
 def compare_deployments(sc, slo: Slo, frontier, recommended, plan_file, *, percentile: str = "p99",
-                        requests: int = 100, seed: int = 0, layouts: int = 2) -> tuple[list[Mixed], Mixed | None]:
-    """The co-located candidates tried (in order) and the disaggregated recommendation served the same way."""
+                        requests: int = 100, seed: int = 0, layouts: int = 2,
+                        chunk: int = 8192) -> tuple[list[Mixed], Mixed | None]:
+    """The co-located candidates tried (in order) and the disaggregated recommendation served the same way (the
+    served run that meets the SLO, else the last tried). `chunk`: the co-located token budget per step (its chunked
+    prefill); the disaggregated prefill server takes one prompt per step."""
     if recommended is None:
         return [], None
-    disagg = _serve(sc, plan_document(recommended.prefill.layout, recommended.decode.layout), plan_file,
-                    f"prefill {recommended.prefill.layout.describe()} + decode {recommended.decode.layout.describe()}",
-                    "disaggregated", recommended.decode.batch, recommended.decode.layout.dp, slo, percentile,
-                    requests, seed)
+    pre, dec = recommended.prefill.layout, recommended.decode.layout
+    disagg_doc = plan_document(pre, dec)
+    runs = _walk(lambda b: _serve(sc, disagg_doc, plan_file, f"prefill {pre.describe()} + decode {dec.describe()}",
+                                  "disaggregated", b, dec.dp, slo, percentile, requests, seed, chunk),
+                 recommended.decode.batch, slo, sc.output)
+    disagg = next((m for m in runs if m.meets(slo)), runs[-1] if runs else None)
     seen, starts = set(), []
     for cand in sorted(frontier, key=lambda c: -c.decode_tokens_per_s_per_chip):
         # o_proj is split over at least the attention-TP group: layouts differing below it are the same deployment
@@ -99,13 +125,10 @@ def compare_deployments(sc, slo: Slo, frontier, recommended, plan_file, *, perce
                 starts.append((grown, max(grown.dp, cand.decode.batch * ranks // lay.ranks)))
     tried = []
     for lay, batch in starts:
-        while batch >= lay.dp:
-            m = _serve(sc, colocated_doc(lay), plan_file, lay.describe(), "co-located", batch, lay.dp, slo,
-                       percentile, requests, seed)
-            tried.append(m)
-            if m.meets(slo) or m.error and "HBM" not in m.error:
-                break
-            batch //= 2
+        doc = colocated_doc(lay)
+        tried += _walk(lambda b, lay=lay, doc=doc: _serve(sc, doc, plan_file, lay.describe(), "co-located", b, lay.dp,
+                                                          slo, percentile, requests, seed, chunk),
+                       batch, slo, sc.output)
     return tried, disagg
 
 
