@@ -67,8 +67,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from npusim.engine import simulate  # noqa: E402
 from npusim.engine.l2state import at_launch  # noqa: E402
+from npusim.engine.tune import tuned  # noqa: E402
 from npusim.errors import NpusimError  # noqa: E402
 from npusim.kernels import catalog  # noqa: E402
 from npusim.parallel.collectives import Collective, collective_time  # noqa: E402
@@ -123,9 +123,9 @@ system_named = functools.cache(load_system)
 
 def predict_kernel(row: pd.Series) -> Prediction:
     chip = chip_named(row["chip"])
-    trace = catalog.kernel(row["kernel"], shape_of(row["shape"])).trace(chip)
-    r = simulate(at_launch(trace, chip, "warm" if row["convention"] == "replay" else "cold"), chip,
-                 launch=DEVICE_LAUNCH)
+    state = "warm" if row["convention"] == "replay" else "cold"
+    r = tuned(catalog.kernel(row["kernel"], shape_of(row["shape"])), chip, DEVICE_LAUNCH,
+              lambda k: at_launch(k.trace(chip), chip, state)).result
     time, bare = r.time, r.time - r.launch
     if row["convention"] == "host":
         time += row["launches"] * chip.overheads.kernel_launch

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from npusim.engine import simulate
+from npusim.engine.tune import tuned
 from npusim.kernels import catalog
 from npusim.spec.chip import load_chip
 
@@ -60,8 +60,8 @@ def rows() -> pd.DataFrame:
     chip = load_chip(CHIP)
     out = []
     for kernel, tokens, measured in MEASURED:
-        trace = catalog.kernel(kernel, shape(kernel, tokens)).trace(chip)
-        r = simulate(trace, chip, launch="device")
+        best = tuned(catalog.kernel(kernel, shape(kernel, tokens)), chip, "device")
+        trace, r = best.trace, best.result
         us = r.time * 1e6
         tiling = trace.tiling
         form = (f"split K x{tiling['k_split']}" if tiling.get("k_split", 1) > 1 else

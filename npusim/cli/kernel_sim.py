@@ -13,8 +13,9 @@ import pandas as pd
 
 from npusim.cli import common
 from npusim.cli.kernel import add_kernel_args, kernel_of
-from npusim.engine import simulate, simulate_timeline, write_chrome_trace
+from npusim.engine import simulate_timeline, write_chrome_trace
 from npusim.engine.l2state import L2_STATES, at_launch
+from npusim.engine.tune import tuned
 from npusim.engine.result import LAUNCH_MODES
 from npusim.errors import NpusimError
 from npusim.kernels.base import KERNELS
@@ -68,12 +69,13 @@ def run_sim(args) -> None:
     chip = load_chip(args.hw, common.parse_overrides(args.overrides))
     cls = KERNELS.get(args.name)
     kernel = kernel_of(args.name, parse_shape(cls, args.shape) if cls else {})
-    trace = at_launch(kernel.trace(chip), chip, args.l2)
+    best = tuned(kernel, chip, args.launch, lambda k: at_launch(k.trace(chip), chip, args.l2))
+    trace = best.trace
     if args.trace:
         result, timeline = simulate_timeline(trace, chip, launch=args.launch)
         write_chrome_trace([timeline], args.trace)
     else:
-        result = simulate(trace, chip, launch=args.launch)
+        result = best.result
     frame = pd.DataFrame([{"pipe": name, "busy_pct": 100 * v} for name, v in result.busy.items()]
                          + [{"pipe": f"{name} (shared)", "busy_pct": 100 * v} for name, v in result.servers.items()])
     if args.format == "json":  # numbers, each key naming its unit
@@ -81,6 +83,7 @@ def run_sim(args) -> None:
                  "achieved_tflops": result.flops_per_s / 1e12, "achieved_hbm_gb_s": result.hbm_bytes_per_s / 1e9,
                  "roofline_ms": result.roofline * 1e3, "roofline_bound": result.roofline_bound,
                  "times_roofline": result.time / result.roofline, "tiling": dict(trace.tiling),
+                 "candidate_tilings": best.tried,
                  "engine_events": result.events, "extrapolated_pct": 100 * result.extrapolated,
                  "cores": sum(g.copies for g in trace.groups), "folded_groups": len(trace.groups)}
     else:
@@ -91,7 +94,8 @@ def run_sim(args) -> None:
             "achieved": f"{result.flops_per_s / 1e12:.1f} TFLOPS, HBM {result.hbm_bytes_per_s / 1e9:.0f} GB/s",
             "roofline": f"{result.roofline * 1e3:.4f} ms ({result.roofline_bound}); simulated = "
                         f"{result.time / result.roofline:.2f} x roofline",
-            "tiling": ", ".join(f"{k}={v}" for k, v in trace.tiling.items()),
+            "tiling": ", ".join(f"{k}={v}" for k, v in trace.tiling.items())
+                      + (f" (the fastest of {best.tried} candidate tilings)" if best.tried > 1 else ""),
             "engine": f"{result.events} events, {100 * result.extrapolated:.0f} % of the time extrapolated, "
                       f"{sum(g.copies for g in trace.groups)} cores as {len(trace.groups)} folded groups "
                       f"({' + '.join(str(g.copies) for g in trace.groups)})",

@@ -67,6 +67,15 @@ long loop in phase leaves L2 idle between bursts; out of phase it keeps it busie
 die this spans 494-510 ms (-2.8 % to +0.4 % of the 508 ms of its balanced dealing), and when groups enter out of
 phase the cycle they settle into can depend on float round-off. The tilings deal equal work to every core (the
 causal ramps in paired units) so the groups run together, as the uniform (non-causal) shapes of the predictions do.
+
+Faster is not always sooner (a modelling limit)
+-----------------------------------------------
+The shared servers are fair, not critical-path aware: a faster unit can start a transfer earlier, where it takes
+bandwidth from one on the critical path, so a fixed trace can end later on a faster chip. Seen (issue 15's census,
+benchmarks/monotonicity_census.py): mHC post on a 910B2 with twice the vector rate 155 -> 179 us (its stores now
+overlap the next tile's loads and HBM idles between the bursts), a 4096 x 1536 x 1536 GEMM on a 910C die 78.09 ->
+78.29 us from 1.2 times the L2 bandwidth on, RoPE with twice the vector rate +1-3 %. The tilings never make this
+worse (npusim.engine.tune: a larger resource never picks a slower tiling), but a rate's what-if can show it.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from npusim.errors import NpusimError, did_you_mean
 from npusim.kernels.tile import Lin, lin, let
 from npusim.kernels.trace import Group, Instr, Loop, Node, Program, Trace, check_fits
-from npusim.spec.chip import BYTES_PER_ELEMENT, Chip
+from npusim.spec.chip import BYTES_PER_ELEMENT, AicBuffers, Chip
 
 KERNELS: dict[str, type["Kernel"]] = {}
 
@@ -69,6 +69,22 @@ def capacity(chip: Chip) -> dict[str, float]:
     return {"l1": b.l1, "l0a": b.l0a, "l0b": b.l0b, "l0c": b.l0c, "ub": chip.aiv.buffers.ub}
 
 
+TILER_L0 = 64 * 1024  # bytes of L0A / L0B a cube tiler fills at most (the 910B / 910C / 950 L0A and L0B)
+TILER_L1 = 512 * 1024  # bytes of L1 a cube tiler fills at most (the same chips' L1)
+
+
+def tiler_buffers(chip: Chip) -> AicBuffers:
+    """The AIC buffers a cube tiler fills with its double-buffered L0 blocks and L1 tiles: the chip's, up to the
+    sizes of the chips the tilings were written for (catlass's on 64 KiB L0A / L0B and 512 KiB L1, e.g. BasicMatmul
+    fp16 L1TileShape 128x256x256 and L0TileShape 128x256x64). Deeper tiles hide no more latency once the loads
+    stream behind the cube; they only lengthen the pipeline's fill (the first L1 tile is loaded before the cube
+    starts) and its drain, which the engine shows slower (a 1024 x 1536 x 7168 bf16 GEMM on a 910C die: step_k 4
+    -> 8 at twice the L1, 80.8 -> 82.4 us). So more L0 / L1 than this is left unused, as a tuner that measured it
+    would; a larger L0C or UB still allows larger blocks, among which the tuner chooses by the engine."""
+    b = chip.aic.buffers
+    return dataclasses.replace(b, l0a=min(b.l0a, TILER_L0), l0b=min(b.l0b, TILER_L0), l1=min(b.l1, TILER_L1))
+
+
 def read_seconds(chip: Chip, nbytes_: float, hit: float, core: str = "aic") -> float:
     """One core's MTE2 time for a GM read of which `hit` is served by L2: the hits at the pipe's GM->L1 rate, the
     misses at its HBM rate (the route `hbm>l1` / `hbm>ub`, the engine's rule), shared servers aside."""
@@ -77,6 +93,33 @@ def read_seconds(chip: Chip, nbytes_: float, hit: float, core: str = "aic") -> f
     route = mte2.routes.get(f"gm>{dst}", mte2.bytes_per_cycle)
     miss = min(route, mte2.routes.get(f"hbm>{dst}", route))
     return nbytes_ * (hit / route + (1 - hit) / miss) / chip.clock
+
+
+TILE_FLOOR = 16384  # bytes: the least a streamed tile moves when the tuner cuts a core's share finer (estimate: four
+# times the 4 KB least tile of the HcPost tiling, models.md §2.5, so a tile's DMA start-up stays a small part of it)
+
+
+def ladder(top: int) -> list[int]:
+    """The tile counts a tuner tries, up to `top`: 1, 2, 3, 4, 6, 8, 12, 16, ... (powers of two and 1.5 times
+    them). Fixed, so it does not move with the chip."""
+    out, p = [], 1
+    while p <= top:
+        out += [p] + ([p * 3 // 2] if p >= 2 and p * 3 // 2 <= top else [])
+        p *= 2
+    return out
+
+
+def even_tiles(share: int, fewest: int, item_bytes: float) -> list[int]:
+    """Items per tile to try when a core's `share` of items is streamed through a double-buffered queue in equal
+    tiles: the share cut into n tiles for each n of the fixed `ladder` from `fewest` (the fewest tiles that fit the
+    buffer) up to the most whose tiles still move TILE_FLOOR bytes — the fewest first, as the tiler would pick.
+
+    Fewer, larger tiles are not faster: the first tile's load and the last one's store are not overlapped, and they
+    grow with the tile (e.g. quantise 4096 x 576 on a 910C die: 3 tiles a core 12.2 us, 8 tiles 11.9 us). The
+    ladder does not depend on the buffer, so a larger buffer's candidates hold a smaller one's choice."""
+    most = max(fewest, int(share * item_bytes // TILE_FLOOR))
+    counts = [fewest] + [n for n in ladder(most) if n > fewest]
+    return list(dict.fromkeys(cdiv(share, n) for n in counts))
 
 
 def need_cube(chip: Chip, dtype: str) -> None:
@@ -124,6 +167,11 @@ class Kernel:
 
     def build(self, chip: Chip) -> Trace:
         raise NotImplementedError
+
+    def candidates(self, chip: Chip) -> tuple["Kernel", ...]:
+        """Tilings the tuner (npusim.engine.tune) times to choose from, the estimate's best first, each with its
+        tiling options explicit and the ones given kept. A kernel without a choice offers itself."""
+        return (self,)
 
     def trace(self, chip: Chip) -> Trace:
         t = self.build(chip)

@@ -1,7 +1,8 @@
 """Time of one op on one rank: its kernel's tile trace simulated by the engine, or — for an op kind that has no
 tiling yet — its roofline at the chip's calibrated efficiencies. Each result says which model produced it.
 
-Ops map onto kernels by kind: linears and absorption BMMs onto the GEMM tiling with the dtype scheme of their
+Each op's tiling is the fastest of its kernel's candidates as the engine times them (npusim.engine.tune), so more
+resource never picks a slower tiling. Ops map onto kernels by kind: linears and absorption BMMs onto the GEMM tiling with the dtype scheme of their
 weights; routed experts onto the grouped GEMM; the Lightning Indexer and the attention kernels onto their tilings
 with the op's query-key pairs; norms onto the row-wise vector kernel; every other op kind onto the kernel of the
 same name (KERNEL_OF lists the exceptions).
@@ -24,7 +25,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from npusim.engine.result import launch_cost, simulate
+from npusim.engine.result import launch_cost
+from npusim.engine.tune import tuned
 from npusim.graph.ops import Op
 from npusim.errors import NpusimError, did_you_mean
 from npusim.kernels.base import KERNELS, Kernel
@@ -176,16 +178,20 @@ def op_time(op: Op, chip: Chip, run: OpRun | str = "graph") -> OpTime:
     if hit is None:
         k = kernel_for(op, chip, run.options)
         if k is not None:
-            trace = on_chip(kernel_trace(k, chip, run.options.buffering if run.options else 0),
-                            ACTIVATION_INPUT.get(k.name, ""), run.input_on_chip, run.output_on_chip)
+            buffering = run.options.buffering if run.options else 0
+
+            def make(cand: Kernel) -> Trace:
+                return on_chip(kernel_trace(cand, chip, buffering), ACTIVATION_INPUT.get(cand.name, ""),
+                               run.input_on_chip, run.output_on_chip)
             try:
-                r = simulate(trace, chip, launch=run.launch)
+                best = tuned(k, chip, run.launch, make)
             except NpusimError as exc:
-                if "deadlock" not in str(exc) or not trace.tiling.get("buffering"):
+                if "deadlock" not in str(exc) or not buffering:
                     raise
-                raise NpusimError(f"kernel {k.name} cannot run with buffering {trace.tiling['buffering']}: its slots "
+                raise NpusimError(f"kernel {k.name} cannot run with buffering {buffering}: its slots "
                                   f"are released in pairs ({exc})", field=f"kernels.{k.name}.buffering") from None
-            hit = OpTime(op.name, op.kind, r.time, r.roofline, r.bound, "engine", _trace_activity(trace, r))
+            r = best.result
+            hit = OpTime(op.name, op.kind, r.time, r.roofline, r.bound, "engine", _trace_activity(best.trace, r))
         else:
             hit = _analytic(op, chip, run)
         _disk_put(key, hit)

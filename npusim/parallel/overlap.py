@@ -36,7 +36,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from npusim.engine import completions, simulate
+from npusim.engine import completions
+from npusim.engine.tune import tuned
 from npusim.engine.streams import Task, run_streams
 from npusim.errors import NpusimError
 from npusim.kernels.base import cdiv, nbytes
@@ -64,8 +65,8 @@ def gemm_all_reduce(gemm: Gemm, system: System, group: int) -> FusedTime:
     """A GEMM whose [m, n] output is all-reduced over `group` ranks of `system`, fused as described above."""
     _check(group, 1)
     chip = system.chip_spec
-    trace = gemm.trace(chip)
-    alone = simulate(trace, chip, launch="device")
+    best = tuned(gemm, chip, "device")
+    trace, alone = best.trace, best.result
     ready = completions(trace, chip, "fixpipe", "store")
     size = nbytes(gemm.out_dtype, gemm.batch * gemm.m, gemm.n)
     rs = collective_time(Collective("reduce_scatter", size, group), system).time
@@ -85,8 +86,7 @@ def all_gather_gemm(gemm: Gemm, system: System, group: int, chunks: int = 64) ->
     _check(group, chunks)
     chip = system.chip_spec
     own = cdiv(gemm.m, group)
-    local, remote = (simulate(dataclasses.replace(gemm, m=rows).trace(chip), chip, launch="device")
-                     for rows in (own, gemm.m - own))
+    local, remote = (tuned(dataclasses.replace(gemm, m=rows), chip, "device").result for rows in (own, gemm.m - own))
     ag = collective_time(Collective("all_gather", nbytes(gemm.scheme.cube, gemm.batch * gemm.m, gemm.k), group),
                          system).time
     pieces = (group - 1) * chunks
@@ -95,7 +95,7 @@ def all_gather_gemm(gemm: Gemm, system: System, group: int, chunks: int = 64) ->
         tasks.append(Task(f"ag.{j}", "comm", ag / pieces, resource="link", category="comm"))
         tasks.append(Task(f"gemm.{j}", "compute", (remote.time - remote.launch) / pieces, after=(f"ag.{j}",),
                           resource=""))
-    whole = simulate(gemm.trace(chip), chip, launch="device")
+    whole = tuned(gemm, chip, "device").result
     return _fused(tasks, whole.launch, whole.time, ag)
 
 

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from npusim.engine import KernelResult, simulate
+from npusim.engine import KernelResult
+from npusim.engine.tune import tuned
 from npusim.errors import NpusimError
 from npusim.kernels import catalog
 from npusim.profiles.mapping import Mapping, Unmapped, map_launch
@@ -90,7 +91,7 @@ def simulate_op(m: Mapping, chip: Chip) -> KernelResult:
     """The mapped kernel's time as msprof's Task Duration counts it (launch mode `device`: no host launch cost);
     NpusimError if it cannot run on the chip."""
     kern = catalog.kernel(m.kernel, {k: v for k, v in m.shape})
-    return simulate(kern.trace(chip), chip, launch="device")
+    return tuned(kern, chip, "device").result
 
 
 def predict(ops: list[Op], chip: Chip) -> tuple[list[tuple[Op, KernelResult]], list[Skipped]]:

@@ -6,6 +6,7 @@ Peaks are derived (cores x FLOP/cycle x clock), never typed in.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from npusim.errors import NpusimError
@@ -271,3 +272,48 @@ CHIPS = Catalog("chip", "hardware/chips", Chip)
 
 def load_chip(name: str, overrides: dict[str, str] | None = None) -> Chip:
     return CHIPS.load(name, overrides)
+
+
+# What "more resource" means for the monotonicity checks (issue 15): each doubles the fields named, as `--set`
+# overrides would. More of any of them may never make a kernel or a prediction slower.
+RESOURCES: dict[str, tuple[str, ...]] = {
+    "l0a": ("aic.buffers.l0a",), "l0b": ("aic.buffers.l0b",), "l0c": ("aic.buffers.l0c",), "l1": ("aic.buffers.l1",),
+    "ub": ("aiv.buffers.ub",), "cube": ("aic.cube.flop_per_cycle",), "vector": ("aiv.vector.flop_per_cycle",),
+    "hbm": ("hbm.bandwidth",), "l2": ("l2.read_bandwidth", "l2.write_bandwidth"),
+}
+
+
+def resource_overrides(chip: Chip, resource: str, factor: float = 2.0) -> dict[str, str]:
+    """`--set` overrides giving `chip` `factor` times `resource` (one of RESOURCES; a rate table: every dtype)."""
+    out = {}
+    for path in RESOURCES[resource]:
+        node = chip
+        for part in path.split("."):
+            node = getattr(node, part)
+        unit = " B/s" if "bandwidth" in path else " B" if "buffers" in path else ""
+        items = node.items() if isinstance(node, dict) else [(None, node)]
+        for key, v in items:
+            out[f"{path}.{key}" if key else path] = f"{v * factor!r}{unit}"
+    return out
+
+
+def with_more(chip: Chip, resource: str, factor: float = 2.0) -> Chip:
+    """`chip` with `factor` times `resource` (what `resource_overrides` sets, without reloading the YAML)."""
+    r = dataclasses.replace
+    if resource in ("l0a", "l0b", "l0c", "l1"):
+        return r(chip, aic=r(chip.aic, buffers=r(chip.aic.buffers, **{resource: getattr(chip.aic.buffers, resource)
+                                                                      * factor})))
+    if resource == "ub":
+        return r(chip, aiv=r(chip.aiv, buffers=r(chip.aiv.buffers, ub=chip.aiv.buffers.ub * factor)))
+    if resource == "cube":
+        rates = {k: v * factor for k, v in chip.aic.cube.flop_per_cycle.items()}
+        return r(chip, aic=r(chip.aic, cube=r(chip.aic.cube, flop_per_cycle=rates)))
+    if resource == "vector":
+        rates = {k: v * factor for k, v in chip.aiv.vector.flop_per_cycle.items()}
+        return r(chip, aiv=r(chip.aiv, vector=r(chip.aiv.vector, flop_per_cycle=rates)))
+    if resource == "hbm":
+        return r(chip, hbm=r(chip.hbm, bandwidth=chip.hbm.bandwidth * factor))
+    if resource == "l2":
+        return r(chip, l2=r(chip.l2, read_bandwidth=chip.l2.read_bandwidth * factor,
+                            write_bandwidth=chip.l2.write_bandwidth * factor))
+    raise KeyError(resource)
