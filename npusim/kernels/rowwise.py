@@ -1,6 +1,7 @@
 """Row-wise vector kernels (RMSNorm, LayerNorm): AIV-only, rows streamed through UB.
 
-Each AIV takes blocks of rows: MTE2 GM->UB, one vector pass, MTE3 UB->GM, double-buffered in UB. One class,
+The rows are split evenly over the AIVs, each cutting its share into equal blocks of rows: MTE2 GM->UB, one vector
+pass, MTE3 UB->GM, double-buffered in UB (the tuner times a few block counts: the fewest that fit and more). One class,
 parameterised by the row op: the op's FLOPs per element and its functional meaning are all that differ. The weight
 (and LayerNorm bias) row is read by the vector pass where it lies; UB holds the fp32 working copies of a block.
 
@@ -10,11 +11,11 @@ vector, out: vector -> MTE3) between the stages copy_in / compute / copy_out; a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from npusim.errors import NpusimError
-from npusim.kernels.base import Band, Kernel, Work, cdiv, nbytes, register
+from npusim.kernels.base import Band, Kernel, Work, cdiv, even_tiles, nbytes, register
 from npusim.kernels.program import AIV, Code, Queue, TileProgram, stage
 from npusim.kernels.tile import Act, Ref, lin
 from npusim.kernels.trace import Trace
@@ -42,9 +43,25 @@ class RowWise(Kernel):
         io = 2 * nbytes(self.dtype, self.rows, self.dim)
         return Work(0.0, io, vector_flops=ROW_OPS[self.op] * self.rows * self.dim)
 
+    def fewest(self, chip: Chip) -> tuple[int, int]:
+        """(a vector core's share of the rows, the fewest equal blocks it cuts into that double-buffer in and out in
+        UB as fp32 working copies)."""
+        share = cdiv(self.rows, chip.aiv.count)
+        fit = max(1, min(share, int(chip.aiv.buffers.ub / 2 / (2 * 4.0 * self.dim + 64))))
+        return share, cdiv(share, fit)
+
     def block(self, chip: Chip) -> int:
-        """Rows per block: as many as double-buffer in and out in UB (fp32 working copies)."""
-        return self.block_rows or max(1, min(self.rows, int(chip.aiv.buffers.ub / 2 / (2 * 4.0 * self.dim + 64))))
+        """Rows per block: the rows split evenly over the vector cores (CANN's former / tail cores), a core's share
+        in the fewest equal blocks that fit UB (or `block_rows`)."""
+        share, fewest = self.fewest(chip)
+        return self.block_rows or cdiv(share, fewest)
+
+    def candidates(self, chip: Chip) -> tuple[Kernel, ...]:
+        """The rows per block of a core's share cut into n equal blocks for n on the fixed ladder (`even_tiles`)."""
+        if self.block_rows:
+            return (self,)
+        share, fewest = self.fewest(chip)
+        return tuple(replace(self, block_rows=br) for br in even_tiles(share, fewest, 2 * nbytes(self.dtype, self.dim)))
 
     def rows_at(self, name: str, br: int) -> Ref:
         return Ref(name, (lin(("blk", br)), 0), (br, self.dim), (self.rows, self.dim))

@@ -23,11 +23,11 @@ of both queues.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from npusim.errors import NpusimError
-from npusim.kernels.base import Band, Kernel, Work, cdiv, nbytes, register
+from npusim.kernels.base import Band, Kernel, Work, cdiv, even_tiles, nbytes, register
 from npusim.kernels.program import AIV, Code, Queue, TileProgram, stage
 from npusim.kernels.tile import Act, Lin, Ref, lin
 from npusim.kernels.trace import Trace
@@ -128,8 +128,9 @@ class Queues:
 class Tiled(Kernel):
     """Shared mechanism; subclasses give `tokens`, `wide` (the split axis length), inputs, outputs, steps."""
 
-    options: ClassVar[tuple[str, ...]] = ("buffering",)
+    options: ClassVar[tuple[str, ...]] = ("buffering", "tile_tokens")
     buffering: int = field(default=0, kw_only=True)  # depth of the in / out queues (0 = 2, as written)
+    tile_tokens: int = field(default=0, kw_only=True)  # tokens per tile (0 = the tiler's: the fewest tiles that fit)
 
     def inputs(self) -> tuple[Operand, ...]:
         raise NotImplementedError
@@ -167,18 +168,40 @@ class Tiled(Kernel):
         io = self._io(self.inputs() + self.outputs(), bt, bc)
         return io, 2 * io + self._work_bytes(bt, bc)
 
-    def tile(self, chip: Chip) -> tuple[int, int]:
-        """Tokens split evenly over the vector cores (CANN's former / tail cores: a core takes ceil(T / cores)), a
-        core's share cut into the fewest equal tiles that fit UB with whole rows; with fewer tokens than vector
-        cores, one token per tile and the wide axis split into aligned column tiles (at least 1 KB of a row, 4 KB
-        moved per tile)."""
-        ub, cores, W = chip.aiv.buffers.ub, chip.aiv.count, self.wide
-        share = cdiv(self.tokens, cores)
+    def fewest(self, chip: Chip) -> tuple[int, int]:
+        """(a core's share of the tokens, the fewest equal tiles it cuts into that fit UB with whole rows; 0 when
+        not even one token's whole row fits)."""
+        ub, W = chip.aiv.buffers.ub, self.wide
+        share = cdiv(self.tokens, chip.aiv.count)
         fit = min(share, int(ub // self._bytes(1, W)[1]))
         while fit and self._bytes(fit, W)[1] > ub:
             fit -= 1
-        if self.tokens >= cores and fit:
-            return cdiv(share, cdiv(share, fit)), W
+        return share, cdiv(share, fit) if fit else 0
+
+    def candidates(self, chip: Chip) -> tuple[Kernel, ...]:
+        """With whole rows per tile, the tokens per tile of a core's share cut into n equal tiles for n on the fixed
+        ladder of `even_tiles` (the fewest that fit first)."""
+        share, fewest = self.fewest(chip)
+        if self.tile_tokens or self.tokens < chip.aiv.count or not fewest:
+            return (self,)
+        return tuple(replace(self, tile_tokens=bt)
+                     for bt in even_tiles(share, fewest, self._bytes(1, self.wide)[0]))
+
+    def tile(self, chip: Chip) -> tuple[int, int]:
+        """Tokens split evenly over the vector cores (CANN's former / tail cores: a core takes ceil(T / cores)), a
+        core's share cut into the fewest equal tiles that fit UB with whole rows (or `tile_tokens` per tile); with
+        fewer tokens than vector cores, one token per tile and the wide axis split into aligned column tiles (at
+        least 1 KB of a row, 4 KB moved per tile)."""
+        ub, cores, W = chip.aiv.buffers.ub, chip.aiv.count, self.wide
+        if self.tile_tokens:
+            if self._bytes(self.tile_tokens, W)[1] > ub:
+                raise NpusimError(f"{self.name}: a tile of {self.tile_tokens} tokens needs "
+                                  f"{self._bytes(self.tile_tokens, W)[1] / 1024:g} KiB of UB but {chip.name} has "
+                                  f"{ub / 1024:g} KiB", field="tiling.tile_tokens")
+            return self.tile_tokens, W
+        share, fewest = self.fewest(chip)
+        if self.tokens >= cores and fewest:
+            return cdiv(share, fewest), W
         split = [mem(o.dtype, 1) for o in self.inputs() + self.outputs() if o.split]
         if not split:  # nothing to cut along the wide axis: one token per tile
             return 1, W
@@ -391,7 +414,7 @@ class Rope(Tiled):
     chain of per-head copies, timed here as the half kernel's (estimate: same count of short copies)."""
 
     name: ClassVar[str] = "rope"
-    options: ClassVar[tuple[str, ...]] = ("layout", "buffering", "head_loop")
+    options: ClassVar[tuple[str, ...]] = ("layout", "buffering", "head_loop", "tile_tokens")
     tokens: int
     heads: int = 1
     dim: int = 64
@@ -556,7 +579,7 @@ class Quantise(Tiled):
     in int8 / fp8 / mxfp8 / mxfp4 and scales [rows, elements/block] (amax / max of the format; MX: power of two)."""
 
     name: ClassVar[str] = "quantise"
-    options: ClassVar[tuple[str, ...]] = ("dtype", "block", "buffering")
+    options: ClassVar[tuple[str, ...]] = ("dtype", "block", "buffering", "tile_tokens")
     rows: int
     elements: int
     dtype: str = "int8"
@@ -680,7 +703,7 @@ class MoePermute(Tiled):
     a hidden-wide row), nor the smooth-quant scale of init_routing (one multiply per element)."""
 
     name: ClassVar[str] = "moe_permute"
-    options: ClassVar[tuple[str, ...]] = ("dtype", "out_dtype")
+    options: ClassVar[tuple[str, ...]] = ("dtype", "out_dtype", "tile_tokens")
     rows: int
     hidden: int = 7168
     dtype: str = "bf16"
@@ -785,7 +808,7 @@ class Sinkhorn(Tiled):
     by column sums + eps, then `iters` - 1 times rows then columns -> the same layout with H_res doubly stochastic."""
 
     name: ClassVar[str] = "sinkhorn"
-    options: ClassVar[tuple[str, ...]] = ("eps", "buffering")
+    options: ClassVar[tuple[str, ...]] = ("eps", "buffering", "tile_tokens")
     rows: int
     streams: int = 4
     iters: int = 20
