@@ -17,7 +17,7 @@ GAR = dict(m=5504, n=1536, k=6144, dtype="fp16", out_dtype="fp16")  # pto-isa ge
 
 def test_blocks_are_ready_in_waves_and_the_last_ends_the_gemm():
     chip = SYSTEM.chip_spec
-    trace = catalog.kernel("gemm", GAR).trace(chip)
+    trace = catalog.kernel("gemm", GAR, base_m=128, base_n=256).trace(chip)
     ready = completions(trace, chip, "fixpipe", "store")
     assert len(ready) == 43 * 6  # the 258 blocks of 128 x 256
     assert ready[-1] == pytest.approx(simulate(trace, chip, launch="none").time, rel=1e-9)

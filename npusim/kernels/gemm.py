@@ -25,7 +25,7 @@ from typing import ClassVar
 
 from npusim.errors import NpusimError
 from npusim.kernels.base import (Band, Kernel, Work, capacity, cdiv, nbytes, need_cube, read_seconds, register,
-                                 scaled)
+                                 scaled, tiler_buffers)
 from npusim.kernels.program import AIC, Code, Queue, TileProgram, stage
 from npusim.kernels.tile import Act, Lin, Ref, lin
 from npusim.kernels.trace import Trace
@@ -91,6 +91,8 @@ class GemmShape:
 STRIDE_LIMIT = 65536  # elements: a DMA source row stride from here on is copied row by row (catlass.hpp STRIDE_LIMIT)
 BLOCK_SIZES = (16, 32, 64, 128, 256)  # candidate base_m / base_n: fractal multiples up to the 256 of Ascend tilers
 BALANCED_MAX = 512  # estimate: largest block edge dealt evenly over the cores (L0B still double-buffers 16 deep)
+SHORTLIST = 2  # tilings the tuner times at each level of L0C (more cost more time cold than they gain)
+L0C_LEVELS = tuple(2 ** j * 128 * 1024 for j in range(6))  # 128 KiB (the 910's L0C) .. 4 MiB: `shortlist`'s ladder
 
 
 @dataclass(frozen=True)
@@ -113,15 +115,23 @@ class CubeTiling:
     @classmethod
     def choose(cls, chip: Chip, p: GemmShape, base_m=0, base_n=0, base_k=0, step_k=0, l0c_depth=0,
                by_row: bool | None = None) -> "CubeTiling":
-        """What an Ascend tiler picks: of the fractal-aligned base_m x base_n blocks whose `l0c_depth` (1 or 2)
-        fp32 accumulators fit L0C, with base_k filling L0A/L0B double-buffered and step_k (a power of two) filling
-        L1 double-buffered, the one `estimate` says finishes first (explicit sizes win). The block order re-reads
+        """The tiling `estimate` ranks first (see `ranked`)."""
+        return cls.ranked(chip, p, base_m, base_n, base_k, step_k, l0c_depth, by_row)[0]
+
+    @classmethod
+    def ranked(cls, chip: Chip, p: GemmShape, base_m=0, base_n=0, base_k=0, step_k=0, l0c_depth=0,
+               by_row: bool | None = None) -> list["CubeTiling"]:
+        """What an Ascend tiler considers, best first by `estimate` (explicit sizes win): the fractal-aligned
+        base_m x base_n blocks whose `l0c_depth` (1 or 2) fp32 accumulators fit L0C, with base_k filling L0A/L0B
+        double-buffered and step_k (a power of two) filling L1 double-buffered, as much of them as a tiler fills
+        (`tiler_buffers`). After the first come the others of `shortlist`: the tuner (npusim.engine.tune) times
+        them and keeps the fastest. The block order re-reads
         the operand with the smaller footprint. With block scales (`qblock` K elements per scale) an L0 step never
         straddles two scale blocks."""
         dt = p.scheme.cube
         need_cube(chip, dt)
         fm, fk, fn = chip.aic.cube.fractal[dt]
-        buf, cap = chip.aic.buffers, capacity(chip)
+        buf, cap = tiler_buffers(chip), capacity(chip)
         eb = nbytes(dt, 1)
         # an explicit block larger than the whole dim runs at the dim's fractal-rounded size (the actual block
         # shape a catlass kernel computes, e.g. an L1 tile of 128 rows over a 20-row A)
@@ -154,16 +164,30 @@ class CubeTiling:
         if not cands:
             raise NpusimError(f"no base_k fits L0A/L0B for base_m={base_m} base_n={base_n} on {chip.name}",
                               field="tiling.base_k")
-        t = min(cands, key=lambda c: c[:3])[3]
-        sch = p.scheme
-        if sch.qblock and (t.base_k % sch.qblock if t.base_k >= sch.qblock else sch.qblock % t.base_k):
-            raise NpusimError(f"base_k={t.base_k} must be a multiple or a divisor of the {sch.qblock}-element scale "
-                              "block", field="tiling.base_k")
-        for name, size, f in (("base_m", t.base_m, fm), ("base_k", t.base_k, fk), ("base_n", t.base_n, fn)):
-            if size <= 0 or size % f:
-                raise NpusimError(f"{name}={size} must be a positive multiple of the {dt} fractal {f} on {chip.name}",
-                                  field=f"tiling.{name}")
-        return t
+        cands.sort(key=lambda c: c[:3])
+        ranked = [cands[0][3]] + [t for t in shortlist([c for c in cands if not c[0]], p, cap["l0c"])
+                                  if t != cands[0][3]]
+
+        def problem(t: CubeTiling) -> tuple[str, str] | None:
+            sch = p.scheme
+            if sch.qblock and (t.base_k % sch.qblock if t.base_k >= sch.qblock else sch.qblock % t.base_k):
+                return (f"base_k={t.base_k} must be a multiple or a divisor of the {sch.qblock}-element scale block",
+                        "tiling.base_k")
+            for name, size, f in (("base_m", t.base_m, fm), ("base_k", t.base_k, fk), ("base_n", t.base_n, fn)):
+                if size <= 0 or size % f:
+                    return (f"{name}={size} must be a positive multiple of the {dt} fractal {f} on {chip.name}",
+                            f"tiling.{name}")
+            return None
+
+        if problem(ranked[0]):
+            msg, field = problem(ranked[0])
+            raise NpusimError(msg, field=field)
+        return [t for t in ranked if not problem(t)]
+
+    def explicit(self) -> dict[str, int]:
+        """The tiling as a kernel's explicit options (what the tuner's candidates carry)."""
+        return {"base_m": self.base_m, "base_n": self.base_n, "base_k": self.base_k, "step_k": self.step_k,
+                "l0c_depth": self.l0c_depth}
 
     def describe(self) -> dict[str, int | str]:
         return {"base_m": self.base_m, "base_n": self.base_n, "base_k": self.base_k, "step_k": self.step_k,
@@ -204,7 +228,9 @@ class CubeTiling:
     def estimate(self, chip: Chip, p: GemmShape) -> float:
         """Seconds of the whole GEMM as the engine runs it, wave by wave: the cores of a wave start together, so
         their MTE2 loads (A, then B, in order) share L2 and HBM at the same moments; a block takes its slowest
-        pipe (cube, MTE2, MTE1) plus its FIXPIPE write-out when that is not overlapped (one L0C accumulator).
+        pipe (cube, MTE2, MTE1), plus with one L0C accumulator its FIXPIPE write-out and the next block's first L1
+        tile, which the engine does not overlap then (e.g. 128 x 256 blocks on a 950PR: 1.6 us more a block, its
+        0.3 us write-out and a 1.2 us tile load).
         The tiler's cost model for ranking candidates; the engine times the chosen trace."""
         dt, bm, bn, k = p.scheme.cube, self.base_m, self.base_n, p.k
         aic, eff, clock = chip.aic, chip.efficiency, chip.clock
@@ -226,10 +252,24 @@ class CubeTiling:
                     for x, h in loads if x]
             load = tiles * sum(d + max(0.0, lat - durs[i - 1]) for i, d in enumerate(durs))
             write = cores * nbytes(p.out_dtype, bm, bn) / hbm_bw
-            return max(cube, copy, load, write) + (out if self.l0c_depth == 1 else 0.0)
+            return max(cube, copy, load, write) + (out + load / tiles if self.l0c_depth == 1 else 0.0)
 
         full, tail = divmod(p.batch * cdiv(p.m, bm) * cdiv(p.n, bn), aic.count)
         return full * wave(aic.count) + (wave(tail) if tail else 0.0) + out
+
+
+def shortlist(fitting: list, p: GemmShape, l0c: float) -> list[CubeTiling]:
+    """The tilings the tuner times, best estimate first: at each level of L0C on a fixed ladder (L0C_LEVELS, and
+    the chip's own), the SHORTLIST best of the tilings whose accumulators fit that much. `fitting` is (refused, estimate, -depth, tiling), sorted. An estimate does not depend on the
+    buffers, so a chip with twice the L0C times every tiling the smaller one timed (its levels are a superset),
+    and the tuner's choice is never slower (L0A / L0B / L1 beyond `tiler_buffers` change nothing)."""
+    levels = sorted({l0c} | {lv for lv in L0C_LEVELS if lv < l0c})
+    out: list[CubeTiling] = []
+    for level in levels:
+        within = [c for c in fitting if c[3].buffers(p)["l0c"] <= level]
+        if within:
+            out += [c[3] for c in within[:SHORTLIST]]
+    return sorted(dict.fromkeys(out), key=lambda t: next(c[:3] for c in fitting if c[3] is t))
 
 
 def _route(pipe, path: str, dtype: str) -> float:
@@ -471,6 +511,10 @@ class Gemm(Kernel):
         return CubeTiling.choose(chip, self.problem, self.base_m, self.base_n, self.base_k, self.step_k,
                                  self.l0c_depth)
 
+    def candidates(self, chip: Chip) -> tuple[Kernel, ...]:
+        return tuple(dataclasses.replace(self, **t.explicit()) for t in CubeTiling.ranked(
+            chip, self.problem, self.base_m, self.base_n, self.base_k, self.step_k, self.l0c_depth))
+
     def work(self) -> Work:
         dt = self.scheme.cube
         io = nbytes(dt, self.m, self.k) + nbytes(dt, self.k, self.n) + nbytes(self.out_dtype, self.m, self.n)
@@ -535,6 +579,17 @@ class GroupedGemm(Kernel):
     l0c_depth: int = 0
     buffering: int = 0
 
+    def tiler(self, chip: Chip) -> tuple:
+        """CubeTiling.choose's arguments: one expert's blocks walk along n (its rows are few); the tiler sees the
+        largest expert."""
+        per = self.rows_per_expert()
+        used = [m for m in per if m]
+        p = GemmShape(max(per), self.n, self.k, max(1, len(used)), scheme_of(self.dtype), self.out_dtype)
+        return chip, p, self.base_m, self.base_n, self.base_k, self.step_k, self.l0c_depth, True
+
+    def candidates(self, chip: Chip) -> tuple[Kernel, ...]:
+        return tuple(dataclasses.replace(self, **t.explicit()) for t in CubeTiling.ranked(*self.tiler(chip)))
+
     def rows_per_expert(self) -> list[int]:
         if not self.counts:
             q, r = divmod(self.rows, max(1, self.experts))
@@ -559,8 +614,7 @@ class GroupedGemm(Kernel):
         # one expert's blocks walk along n (its rows are few); the tiler sees an average expert, batched
         p = GemmShape(max(1, cdiv(self.rows, max(1, len(used)))), self.n, self.k, max(1, len(used)), sch,
                       self.out_dtype)
-        t = CubeTiling.choose(chip, dataclasses.replace(p, m=max(per)), self.base_m, self.base_n, self.base_k,
-                              self.step_k, self.l0c_depth, by_row=True)
+        t = CubeTiling.choose(*self.tiler(chip))
         tn = cdiv(self.n, t.base_n)
         nq = cdiv(self.k, sch.qblock) if sch.qblock else 1
         w = self.work()

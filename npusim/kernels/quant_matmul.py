@@ -93,6 +93,10 @@ class QuantMatmul(Kernel):
         return CubeTiling.choose(chip, self.problem, self.base_m, self.base_n, self.base_k, self.step_k,
                                  self.l0c_depth)
 
+    def candidates(self, chip: Chip) -> tuple[Kernel, ...]:
+        return tuple(dataclasses.replace(self, **t.explicit()) for t in CubeTiling.ranked(
+            chip, self.problem, self.base_m, self.base_n, self.base_k, self.step_k, self.l0c_depth))
+
     def splits(self, chip: Chip, t: CubeTiling) -> int:
         ktiles = cdiv(self.k, t.k_l1)
         if self.k_split == -1:  # catlass 52 GetSplitkFactor
