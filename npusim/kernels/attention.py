@@ -48,6 +48,8 @@ from npusim.spec.chip import BYTES_PER_ELEMENT, Chip
 KC, VK, VC = 128, 256, 128  # keys per K chunk, keys per V chunk, V columns per chunk (models.md §3.5)
 GATHER_ROWS = 32  # rows a vector core gathers into UB before one copy-out (the AscendC SFA's 32-row merge buffer)
 SOFTMAX_FLOPS = 6  # vector FLOPs per score: scale, mask, max, subtract, exp, sum (estimate)
+AIV_ROWS = (32, 16, 8, 4, 2, 1)  # rows of an AIV's UB chunk the tiler considers, most first
+SHORTLIST = 3  # split plans the tuner (npusim.engine.tune) times
 
 
 def _rate(pipe, chip: Chip) -> float:
@@ -185,22 +187,47 @@ class Attention(Kernel):
         ranges that minimise an estimate of the waves of work plus the combine; it needs every block to walk the same
         key tiles (uniform decode).
         """
+        ranked = self.split_options(chip)
+        return ranked[0][2] if ranked else self.fixed_plan(chip)
+
+    def fixed_plan(self, chip: Chip) -> Plan:
+        """The plan when there is no split to search: the block of `block_rows`, split `kv_splits` ways if given."""
+        base = self.geometry(chip, self.block_rows(chip))
+        walks, tiles = self.walks(base), self.tiles(base)
+        if self.kv_splits in (0, 1) or len(set(walks)) > 1:
+            return base
+        return replace(base, splits=min(self.kv_splits, int(tiles[0])))
+
+    def split_options(self, chip: Chip) -> list[tuple[int, int, Plan]]:
+        """(block rows, key ranges, plan) of the split-KV search, best first by `estimate` (the SHORTLIST best, for the
+        tuner to time); empty when there is nothing to choose."""
         bm = self.block_rows(chip)
         base = self.geometry(chip, bm)
         walks, tiles = self.walks(base), self.tiles(base)
-        if self.kv_splits == 1 or len(set(walks)) > 1:
-            return base
+        if self.kv_splits or len(set(walks)) > 1 or self.blocks(base) >= chip.aic.count:
+            return []
         n = int(tiles[0])
-        if self.kv_splits:
-            return replace(base, splits=min(self.kv_splits, n))
-        if self.blocks(base) >= chip.aic.count:
-            return base
         hg = self.heads // self.kvh
         heads = (hg, hg // 2, hg // 4) if self.split_heads and not self.head_major else ()
         sizes = sorted({m for m in (bm,) + heads if 16 <= m <= max(bm, hg) and (m % hg == 0 or hg % m == 0)}
                        | ({bm} if self.head_major else set()))
-        options = [replace(self.geometry(chip, m), splits=s) for m in sizes for s in range(1, n + 1)]
-        return min(options, key=lambda p: (self.estimate(chip, p, n), p.splits))
+        options = [(m, s, replace(self.geometry(chip, m), splits=s)) for m in sizes for s in range(1, n + 1)]
+        scored = sorted(((self.estimate(chip, p, n), s, m, p) for m, s, p in options), key=lambda o: o[:3])
+        return [(m, s, p) for e, s, m, p in scored[:SHORTLIST]]
+
+    def candidates(self, chip: Chip) -> tuple[Kernel, ...]:
+        """The split plans `split_options` shortlists (block rows and key ranges explicit), then each with fewer
+        rows per AIV chunk: the fixed ladder 32, 16, 8 ... from the most that fit UB down to a quarter of a row
+        group's half (a larger chunk leaves the AIV's load, softmax and store less to overlap)."""
+        picks = [replace(self, block_m=m, kv_splits=s) for m, s, _ in self.split_options(chip)] or [self]
+        if self.aiv_rows:
+            return tuple(picks)
+        out = list(picks)
+        for pick in picks:
+            p = pick.plan(chip)
+            least = min(32, cdiv(p.rows, 2)) / 4
+            out += [replace(pick, aiv_rows=v) for v in AIV_ROWS if least <= v < p.vr]
+        return tuple(out)
 
     def block_rows(self, chip: Chip) -> int:
         """Query rows of a block: block_m, or with block_m 0 a core's share of a sequence's tokens (a token's heads
@@ -287,7 +314,7 @@ class Attention(Kernel):
         ra = cdiv(rows, 2)
         fixed = (2 * nbytes(self.dtype, GATHER_ROWS, dq) if self.gathered else 0) + 4.0 * bn + 2 * 4.0 * 3 * ra
         per_row = 2 * 4.0 * bn + 2 * 2.0 * bn + 4 * 4.0 * dv
-        vr = next((v for v in (32, 16, 8, 4, 2, 1) if v <= ra and fixed + per_row * v <= chip.aiv.buffers.ub), 1)
+        vr = self.aiv_rows or next((v for v in AIV_ROWS if v <= ra and fixed + per_row * v <= chip.aiv.buffers.ub), 1)
         return Plan(hb, tpb, hg // hb, groups, rows, min(128, rows), dw, bk, vc, vr, fixed + per_row * vr)
 
     def kv_chunk(self, p: Plan) -> float:
@@ -1082,7 +1109,8 @@ class SparseFlashAttention(Attention):
     (-1 = none) -> out [batch*tokens*heads, d_v]."""
 
     name: ClassVar[str] = "sparse_flash_attention"
-    options: ClassVar[tuple[str, ...]] = ("dtype", "causal", "block_m", "block_n", "scale", "kv_splits", "buffering")
+    options: ClassVar[tuple[str, ...]] = ("dtype", "causal", "block_m", "block_n", "scale", "kv_splits", "buffering",
+                                          "aiv_rows")
     tokens: int
     keys: int
     heads: int = 128
@@ -1098,6 +1126,7 @@ class SparseFlashAttention(Attention):
     scale: float = 0.0  # 0 = d_qk^-0.5
     kv_splits: int = 1  # key ranges per block: 1 = never (the AscendC SFA's tiling), 0 = split-KV when blocks < cores
     buffering: int = 0  # depth of the double-buffered queues (0 = 2, as written)
+    aiv_rows: int = 0  # rows of an AIV's UB chunk (0 = the tiler's: as many as fit, up to 32)
     # the latent and the rope part of a row are separate caches: a pair of rows is two copies (AscendC SFA CopyInKv)
     pair_copies: ClassVar[int] = 2
 
@@ -1127,7 +1156,7 @@ class FlashAttention(Attention):
 
     name: ClassVar[str] = "flash_attention"
     options: ClassVar[tuple[str, ...]] = ("dtype", "causal", "block_m", "block_n", "scale", "kv_splits", "buffering",
-                                          "layout")
+                                          "aiv_rows", "layout")
     gathered: ClassVar[bool] = False
     kv_arrays: ClassVar[tuple[str, str]] = ("k", "v")
     tokens: int
@@ -1145,6 +1174,7 @@ class FlashAttention(Attention):
     scale: float = 0.0
     kv_splits: int = 0
     buffering: int = 0
+    aiv_rows: int = 0
     layout: str = "BSND"
 
     def __post_init__(self) -> None:
@@ -1176,7 +1206,7 @@ class V4Attention(Attention):
     deals each core a range of (batch, token, key range) work and ProcessBalance preloads across it."""
 
     name: ClassVar[str] = "v4_attention"
-    options: ClassVar[tuple[str, ...]] = ("dtype", "block_m", "block_n", "scale", "kv_splits", "buffering")
+    options: ClassVar[tuple[str, ...]] = ("dtype", "block_m", "block_n", "scale", "kv_splits", "buffering", "aiv_rows")
     tokens: int
     keys: int
     heads: int = 64
@@ -1193,6 +1223,7 @@ class V4Attention(Attention):
     scale: float = 0.0
     kv_splits: int = 0
     buffering: int = 0
+    aiv_rows: int = 0
     causal: ClassVar[int] = 0  # the index set is causal by construction
     sized: ClassVar[bool] = True
     split_heads: ClassVar[bool] = False  # the SAS metadata balances key ranges (s2BaseSize_ 512), never heads

@@ -41,12 +41,12 @@ holds one top-k per part.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from npusim.errors import NpusimError
 from npusim.kernels.base import (Band, Kernel, Work, cdiv, capacity, nbytes, need_cube, read_seconds, register,
-                                 scaled)
+                                 scaled, tiler_buffers)
 from npusim.kernels.program import AIC, AIV, AIVS, Code, Queue, TileProgram, stage
 from npusim.kernels.tile import Act, Lin, Ref, lin
 from npusim.kernels.trace import Trace
@@ -56,6 +56,7 @@ QUANTISED = ("int8", "fp8")  # q and k with per-(token, head) and per-key scales
 DEQ = 2.0 ** -10  # DEQF16: S' = fp16(S / 1024) for the quantised variants (models.md §3.4); 1024 folded into W~
 SCORE_DT = "fp16"  # S' and W~ in L1, the dtype of the head-reduction matmul (models.md §3.4 DEQF16)
 PREFILL_ROWS = 512  # query rows of Huawei's basic block (models.md §3.4)
+SHORTLIST = 2  # (block, key ranges) plans the tuner (npusim.engine.tune) times
 LAG = 2  # key chunks by which the head reduction trails C1 (FIXPIPE and MTE1 bring S' into L0B meanwhile)
 ELEMENT = {"bf16": "bf16", "fp16": "fp16", "int8": "int8", "fp8": "fp8e4m3"}  # functional format of q and k
 WS_HIT = 1.0  # the C->V score workspace: two slots of tb x bn fp32 per core, written and read at once (L2)
@@ -201,15 +202,28 @@ class LightningIndexer(Kernel):
         if self.page < 0:
             raise NpusimError(f"lightning_indexer page={self.page}: a paged cache's block holds >= 1 key, or 0 for "
                               "contiguous keys", field="page")
-        tb = min(tpb, T)
+        return self.layout(chip, *self.split_options(chip)[0])
+
+    def split_options(self, chip: Chip) -> list[tuple[int, int]]:
+        """(tokens per block, key ranges) best first by `estimate`: the SHORTLIST best, for the tuner
+        (npusim.engine.tune) to time."""
+        H, T = self.heads, self.tokens
+        vec = self.vector_heads(chip)
+        tb = min((self.block_m or (self.s1_base() * H if vec else PREFILL_ROWS)) // H, T)
         if self.block_m and self.splits:
-            return self.layout(chip, tb, self.splits)
+            return [(tb, self.splits)]
         few = self.batch * cdiv(T, tb) < chip.aic.count  # decode: smaller blocks and key ranges fill the cores
         sizes = (sorted({cdiv(tb, 2 ** i) for i in range(tb.bit_length())}) if few and not self.block_m and not vec
                  else [tb])
         options = [(b, s) for b in sizes
                    for s in ([self.splits] if self.splits else range(1, self.max_splits(chip, b) + 1))]
-        return self.layout(chip, *min(options, key=lambda o: self.estimate(chip, *o)))
+        scored = sorted(((self.estimate(chip, *o), i, o) for i, o in enumerate(options)))
+        return [o for _, _, o in scored[:SHORTLIST]]
+
+    def candidates(self, chip: Chip) -> tuple[Kernel, ...]:
+        if self.block_m and self.splits:
+            return (self,)
+        return tuple(replace(self, block_m=b * self.heads, splits=s) for b, s in self.split_options(chip))
 
     def max_splits(self, chip: Chip, tb: int) -> int:
         units = self.batch * cdiv(self.tokens, tb)
@@ -221,7 +235,6 @@ class LightningIndexer(Kernel):
         c_m, nr = tpc * H, tb // tpc
         nq, full = cdiv(T, tb), cdiv(S, bn)
         vec = self.vector_heads(chip)
-        cap = capacity(chip)
         # pairs balance the causal triangle; when every query block sees the same key tiles (keys far beyond the
         # queries) there is nothing to balance and single blocks spread over the cores in finer units
         paired = (bool(self.causal) and self.batch * (nq // 2) >= chip.aic.count
@@ -229,6 +242,8 @@ class LightningIndexer(Kernel):
         tps = cdiv(full, 1 if paired else splits)
         if not paired and self.causal and len({cdiv(self.tiles(q, tb, full), tps) for q in range(nq)}) > 1:
             tps = full  # causal query blocks with different range counts are not split (their merges would differ)
+        b = tiler_buffers(chip)  # the largest chunk that fits as much L0 / L1 as a tiler fills
+        cap = capacity(chip) | {"l0a": b.l0a, "l0b": b.l0b, "l1": b.l1}
         plans = [Plan(tb, tb * H, tpc, c_m, c_n, nr, cdiv(nr, 2), bn, nq, full, cdiv(full, tps), tps, paired, vec)
                  for c_n in (128, 64, 32, 16) if (bn // 2) % c_n == 0]
         return next((p for p in plans if all(v <= cap[lv] for lv, v in self.buffers(chip, p).items())), plans[-1])

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from npusim.errors import NpusimError
-from npusim.kernels.base import Band, Kernel, Work, cdiv, nbytes, need_cube, register
+from npusim.kernels.base import Band, Kernel, Work, cdiv, nbytes, need_cube, register, tiler_buffers
 from npusim.kernels.program import AIC, AIV, Code, Queue, TileProgram, stage
 from npusim.kernels.tile import Act, Lin, Ref, lin
 from npusim.kernels.trace import Node, Trace
@@ -104,11 +104,17 @@ class Projected(Kernel):
     def plan(self, chip: Chip) -> Plan:
         """The largest row block (up to 128) whose accumulator double-buffers in L0C and whose epilogue fits UB;
         K split over the cores when the row blocks are fewer than the cores (not when pooling across blocks)."""
+        options = self.plans(chip)
+        return next((p for p in options if self.fits(chip, p)), options[-1])  # else trace() says by how much
+
+    def plans(self, chip: Chip) -> list[Plan]:
+        """The plan of each row block the tiler considers (128, 64, 32, 16 rows, or `block_rows`), largest first:
+        L0 blocks and L1 tiles as deep as the tiler fills (`tiler_buffers`)."""
         dt = self.cube_dtype
         need_cube(chip, dt)
         fm, fk, fn = chip.aic.cube.fractal[dt]
         T, K, N = self.rows, self.depth, self.cols
-        b = chip.aic.buffers
+        b = tiler_buffers(chip)
         bn = min(fn * cdiv(N, fn), 256)
         options = []
         for bm in ((self.block_rows,) if self.block_rows else (128, 64, 32, 16)):
@@ -122,11 +128,19 @@ class Projected(Kernel):
                                       if blocks < chip.aic.count and not self.pool else 1)
             kr = kl1 * cdiv(cdiv(K, ksplit), kl1)
             er = max(1, min(16, cdiv(T, 2 * chip.aic.count)))
-            p = Plan(bm, bn, bk, kl1, cdiv(K, kr), kr, er)
-            options.append(p)
-            if 2 * 4.0 * bm * bn <= b.l0c and self.ub(chip, p) <= chip.aiv.buffers.ub:
-                return p
-        return options[-1]  # the smallest: trace() then says by how much it overflows
+            options.append(Plan(bm, bn, bk, kl1, cdiv(K, kr), kr, er))
+        return options
+
+    def fits(self, chip: Chip, p: Plan) -> bool:
+        return 2 * 4.0 * p.bm * p.bn <= chip.aic.buffers.l0c and self.ub(chip, p) <= chip.aiv.buffers.ub
+
+    def candidates(self, chip: Chip) -> tuple[Kernel, ...]:
+        """Every row block that fits, largest first: a larger one leaves the epilogue's vector stream less to
+        overlap, so the tuner times them all (the sizes are fixed, so a larger L0C or UB only adds candidates)."""
+        if self.block_rows:
+            return (self,)
+        rows = list(dict.fromkeys(p.bm for p in self.plans(chip) if self.fits(chip, p)))
+        return tuple(replace(self, block_rows=bm) for bm in rows) or (self,)
 
     # ------------------------------------------------------------------ queues
     def queues(self, prog: TileProgram, p: Plan) -> Queues:
@@ -695,14 +709,19 @@ class Compressor(Projected):
         rows = self.overlap * self.ratio
         return 2 * 2 * 4.0 * rows * self.chunk + 4.0 * self.ratio * self.overlap * self.chunk + 3 * 4.0 * self.d
 
+    def candidates(self, chip: Chip) -> tuple[Kernel, ...]:
+        """The A3 base blocks are the kernel's own (`plan`): nothing to choose."""
+        return (self,)
+
     def plan(self, chip: Chip) -> Plan:
         """A3 base blocks (models.md §3.6): 256 rows x 128 columns for ratio 128, 128 x 256 for ratio 4; L0 depth
-        and L1 tile as deep as the buffers allow (one L0C accumulator: it drains once per N block)."""
+        and L1 tile as deep as the buffers a tiler fills allow (`tiler_buffers`; one L0C accumulator: it drains once
+        per N block)."""
         if self.block_rows:
             return super().plan(chip)
         bm, bn = (256, 128) if self.ratio > 4 else (128, 256)
         p = replace(self, block_rows=min(bm, 16 * cdiv(self.m, 16))).plan(chip)
-        dt, b = self.cube_dtype, chip.aic.buffers
+        dt, b = self.cube_dtype, tiler_buffers(chip)
         bn = min(bn, p.bn)
         bk = next(k for k in (256, 128, 64, 32, 16) if 2 * nbytes(dt, max(p.bm, bn), k) <= min(b.l0a, b.l0b))
         kl1 = bk
