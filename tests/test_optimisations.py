@@ -166,6 +166,20 @@ def test_energy_at_full_load_is_the_tdp(name):
     assert full_load_power(chip) == pytest.approx(chip.power.tdp, rel=1e-9)
 
 
+def test_950_energy_is_its_own():
+    """950PR and 950DT are one die with different HBM: the same joules per FLOP and per on-die byte, and each HBM's
+    energy per bit in the range of stacked DRAM; no 950 source is 910B2's (HBM2e at 1.6 TB/s, 48 AIV)."""
+    from npusim.results.energy import rates
+    pr, dt = rates(load_chip("950pr")), rates(load_chip("950dt"))
+    for unit in ("cube_flop", "vector_flop", "l2_byte", "core_byte"):
+        assert getattr(dt, unit) == pytest.approx(getattr(pr, unit), rel=0.01), unit
+    for r in (pr, dt):
+        assert 3.0 < r.hbm_byte / 8 * 1e12 < 6.0  # pJ per bit
+    for name in ("950pr", "950dt"):
+        sources = {k: v for k, v in load_chip(name).provenance.sources.items() if k.startswith("energy.")}
+        assert len(sources) == 6 and not any("48 AIV" in v or "HBM2e access" in v for v in sources.values())
+
+
 def test_energy_in_predictions():
     p = predict(**SMALL)
     for phase in ("prefill", "decode"):

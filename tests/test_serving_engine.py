@@ -95,7 +95,7 @@ def test_serve_cli_runs_end_to_end(cli, tmp_path):
 def test_serve_cli_rate_sweep_finds_the_knee(cli, tmp_path):
     run = cli("serve", *SMALL_ARGS, "--rates", "1,1000", "--requests", "300", "--slo", "ttft=2s", "--figures", tmp_path)
     assert run.returncode == 0, run.stderr
-    assert "knee: TTFT p99 leaves 2 s between 1 and 1000 requests/s" in run.stdout
+    assert "knee: the SLO (ttft 2 s) is met at 1 requests/s and missed at 1000 (TTFT p99)" in run.stdout
     assert (tmp_path / "rate_sweep.png").exists()
 
 
@@ -149,3 +149,17 @@ def test_serve_cli_sglang_scheduler_with_a_rate_and_a_concurrency_cap(cli):
     out = json.loads(run.stdout)
     assert out["summary"]["completed"] == 12 and out["setup"]["deployment"]["scheduler"]["policy"] == "sglang"
     assert out["summary"]["mean_in_system"] <= 3 + 1e-9
+
+
+def test_serve_names_an_instance_by_its_dies_and_the_knee_by_the_whole_slo():
+    """The A17 prefill is one CP64 group: one attention-DP rank of 64 dies, whose KV cache is the group's (it printed
+    'prefill 1 x 1 DP ranks' and 'per rank: KV cache'); a TPOT limit no rate meets is the knee even when TTFT is met
+    (it printed 'TTFT p99 stays within 2 s')."""
+    from refusal import run
+    r = run("serve", "--input", "512", "--output", "4", "--rates", "1,2", "--requests", "4", "--slo",
+            "ttft=2s,tpot=1us")
+    assert r.returncode == 0, r.stderr
+    assert "prefill 1 x 64 dies (1 attention-DP rank of 64 dies), decode 1 x 128 dies (128 attention-DP ranks of " \
+           "1 die)" in r.stdout
+    assert "per attention-DP rank (prefill 64 dies, decode 1 die): KV cache" in r.stdout
+    assert "the SLO (ttft 2 s, tpot 1 us) is missed already at 1 requests/s (TPOT p99)" in r.stdout

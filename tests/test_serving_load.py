@@ -5,7 +5,7 @@ import pytest
 
 from npusim.errors import NpusimError
 from npusim.serving import (AnalyticStepModel, Capacity, ClosedLoop, Deployment, Fixed, LogNormal, OpenLoop, Pool,
-                            Sampled, Slo, Uniform, read_trace, simulate)
+                            Sampled, Slo, Uniform, knee, read_trace, simulate)
 from npusim.serving.plots import latency_cdfs, rate_sweep, timeline
 
 MODEL = AnalyticStepModel(Capacity(kv_bytes_per_token=70e3, kv_capacity=10e9, max_batch=8, token_budget=4096))
@@ -111,3 +111,31 @@ def test_progress_is_one_stderr_line(capsys):
     simulate(Deployment(), OpenLoop(5.0, Fixed(200), Fixed(5)), MODEL, seed=0, requests=200, progress=True)
     err = capsys.readouterr().err
     assert "serving: 200/200 requests done" in err and err.endswith("\n") and err.count("\n") == 1
+
+
+def test_the_knee_uses_the_whole_slo():
+    """TTFT p99 is met at every rate but TPOT p99 at none: the knee is the first rate (was: 'TTFT stays within')."""
+    rates = [4.0, 12.0]
+    slo = Slo(ttft=60.0, tpot=1e-6)
+    summaries = [simulate(Deployment(prefill=Pool(ranks=2)), OpenLoop(rate, Fixed(1024), Fixed(64)), MODEL, seed=0,
+                          requests=100, slo=slo).summary for rate in rates]
+    assert all(s.ttft.p99 <= slo.ttft and s.misses(slo) == ("tpot",) for s in summaries)
+    assert knee(rates, summaries, slo) == 4.0
+    assert knee(rates, summaries, Slo(ttft=60.0)) is None
+
+
+def test_steady_throughput_leaves_out_the_drain():
+    """Output tokens/s from the first to the last arrival, counted token by token. Long answers at a rate the ranks
+    carry: after the last arrival the batch drains for ~40 % of the run, which the whole window averages in."""
+    result = simulate(Deployment(prefill=Pool(ranks=2)), OpenLoop(2.0, Fixed(1024), Fixed(512)), MODEL, seed=0,
+                      requests=20)
+    s, r = result.summary, result.requests
+    start, end = r.arrival.min(), r.arrival.max()
+    assert s.steady_window == pytest.approx(end - start)
+    times, tokens = result.emissions[:, 0], result.emissions[:, 1]
+    assert tokens.sum() == r.generated.sum()  # every token emitted once
+    inside = tokens[(times >= start) & (times <= end)].sum()
+    assert s.steady_output_throughput == pytest.approx(inside / (end - start))
+    assert s.window > 1.6 * s.steady_window and s.steady_output_throughput > 1.1 * s.output_throughput
+    one = simulate(Deployment(), OpenLoop(1.0, Fixed(256), Fixed(8)), MODEL, seed=0, requests=1).summary
+    assert one.steady_window == one.window and one.steady_output_throughput == pytest.approx(one.output_throughput)

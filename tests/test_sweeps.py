@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 import npusim
+from npusim.spec import units
 from npusim.sweeps import SweepSpec, save
 from npusim.sweeps import run as sweep_run
 
@@ -28,6 +29,19 @@ def test_rows_follow_the_grid_and_hbm_helps(serial):
     fast, slow = serial[serial["hbm.bandwidth"] == "3.2TB/s"], serial[serial["hbm.bandwidth"] == "1.6TB/s"]
     assert (fast["tpot_s"].values <= slow["tpot_s"].values).all()
     assert {"decode_usd_per_mtok", "decode_system_joules_per_token", "chips"} <= set(serial.columns)
+
+
+def test_roofline_ceilings_are_a_ranks_own(serial):
+    """A rank is a die and the chip's figures are per die: the roofline figure's ceilings are the die's peaks (they
+    were halved on the two-die 910C), and no phase's achieved FLOP/s is above its rank's peak."""
+    chip = npusim.api.load_system("cloudmatrix384").chip_spec
+    assert chip.dies == 2
+    assert (serial["peak_flops_per_rank"] == chip.peak_cube_flops("bf16")).all()
+    assert (serial["hbm_bandwidth_per_rank"] == serial["hbm.bandwidth"].map(lambda v: units.parse(v, "bandwidth"))).all()
+    peak = chip.peak_cube_flops("bf16") + chip.peak_vector_flops("fp32")
+    for phase in ("prefill", "decode"):
+        achieved = serial[f"{phase}_flops_per_rank"] / serial[f"{phase}_step_s"]
+        assert (achieved <= peak).all() and (achieved > 0).all()
 
 
 def test_parallel_equals_serial(serial):

@@ -22,6 +22,7 @@ from npusim.serving import ClosedLoop, Fixed, LogNormal, OpenLoop, Scheduler, Sl
 from npusim.serving.deployment import SCHEDULERS
 from npusim.serving.load import Load
 from npusim.serving.predicted import MAX_BATCH, TOKEN_BUDGET, ServedPlan
+from npusim.serving.result import Summary
 from npusim.spec import units
 
 DEFAULT_REQUESTS = 200
@@ -175,30 +176,35 @@ def sweep(args, served: ServedPlan, rates: list[float], loads: list[Load], reque
     print()
     table = pd.DataFrame({"rate": rates, "ttft_p50_ms": frame.ttft_p50 * 1e3, "ttft_p99_ms": frame.ttft_p99 * 1e3,
                           "tpot_p50_ms": frame.tpot_p50 * 1e3, "tpot_p99_ms": frame.tpot_p99 * 1e3,
-                          "requests_per_s": frame.request_throughput, "goodput": frame.goodput,
-                          "slo_met_pct": frame.slo_attainment * 100 if slo else None})
-    common.emit(table.round(2), "table", title="rate sweep (offered requests/s)")
-    print(knee_sentence(rates, at, slo))
+                          "steady_tok_s": frame.steady_output_throughput, "requests_per_s": frame.request_throughput,
+                          "goodput": frame.goodput, "slo_met_pct": frame.slo_attainment * 100 if slo else None})
+    common.emit(table.round(2), "table", title="rate sweep (offered requests/s; steady_tok_s: output tokens/s from the "
+                                               "first to the last arrival, the drain left out)")
+    print(knee_sentence(rates, summaries, at, slo))
     footer(served, wall)
 
 
-def knee_sentence(rates: list[float], at: float | None, slo: Slo | None) -> str:
-    if slo is None or slo.ttft is None:
-        return "give --slo ttft=... to locate the knee"
-    limit = units.format(slo.ttft, "time", 3)
+def knee_sentence(rates: list[float], summaries: list[Summary], at: float | None, slo: Slo | None) -> str:
+    """Where the whole SLO (TTFT and TPOT, whichever it limits) stops being met at p99."""
+    if slo is None:
+        return "give --slo ttft=...,tpot=... to locate the knee"
+    limits = describe_slo(slo)
     if at is None:
-        return f"TTFT p99 stays within {limit} up to {rates[-1]:g} requests/s"
+        return f"p99 stays within the SLO ({limits}) up to {rates[-1]:g} requests/s"
+    missed = " and ".join(f"{name.upper()} p99" for name in summaries[rates.index(at)].misses(slo))
     if at == rates[0]:
-        return f"TTFT p99 is above {limit} already at {at:g} requests/s"
+        return f"the SLO ({limits}) is missed already at {at:g} requests/s ({missed})"
     before = rates[rates.index(at) - 1]
-    return f"knee: TTFT p99 leaves {limit} between {before:g} and {at:g} requests/s"
+    return f"knee: the SLO ({limits}) is met at {before:g} requests/s and missed at {at:g} ({missed})"
 
 
 def header(served: ServedPlan, args, requests: int | None) -> None:
     s, d = served.setup, served.deployment
     print(f"{s.model.name} on {s.system.name}, plan {s.plan.name}, {s.quant.name}")
-    pools = f"prefill {d.prefill.instances} x {d.prefill.ranks} DP ranks"
-    pools += f", decode {d.decode.instances} x {d.decode.ranks} DP ranks" if d.decode else " (co-located)"
+    dies = {role: s.plan.instance(role).ranks // pool.ranks
+            for role, pool in (("prefill", d.prefill), ("decode", d.decode)) if pool}
+    pools = "prefill " + describe_pool(d.prefill, dies["prefill"])
+    pools += ", decode " + describe_pool(d.decode, dies["decode"]) if d.decode else " (co-located)"
     if d.link:
         pools += (f"; KV link {units.format(d.link.bandwidth, 'bandwidth', 3)} per prefill die, "
                   f"{units.format(d.link.latency, 'time', 3)} per transfer")
@@ -210,10 +216,19 @@ def header(served: ServedPlan, args, requests: int | None) -> None:
         str(caps["prefill"].max_batch)
     sched = d.scheduler.policy + (" with mixed chunks" if d.scheduler.mixed_chunk else "")
     sched += f" with a {d.scheduler.prefill_delay}-pass prefill delay" if d.scheduler.prefill_delay else ""
-    print(f"per rank: KV cache {cache}; running limit {limits}, token budget {caps['decode'].token_budget}"
+    group = ", ".join(f"{role} {n} {'die' if n == 1 else 'dies'}" for role, n in dies.items()) if d.decode else \
+        f"{dies['prefill']} {'die' if dies['prefill'] == 1 else 'dies'}"
+    print(f"per attention-DP rank ({group}): KV cache {cache}; running limit {limits}, token budget "
+          f"{caps['decode'].token_budget}"
           f"{' (chunked prefill)' if d.chunk_size else ''}, {sched} scheduler; MTP depth {d.mtp.depth}"
           + (f" accepting each draft with p = {d.mtp.acceptance:.3f}" if d.mtp.depth else ""))
     print(f"load: {describe_load(args, requests)}")
+
+
+def describe_pool(pool, dies: int) -> str:
+    """'1 x 64 dies (1 attention-DP rank of 64 dies: a CP/TP group)' — an instance by its dies, then its DP ranks."""
+    ranks = f"{pool.ranks} attention-DP {'rank' if pool.ranks == 1 else 'ranks'}"
+    return f"{pool.instances} x {pool.ranks * dies} dies ({ranks} of {dies} {'die' if dies == 1 else 'dies'})"
 
 
 def footer(served: ServedPlan, wall: float) -> None:

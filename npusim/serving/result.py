@@ -2,7 +2,10 @@
 
 Definitions follow `vllm bench serve`: TTFT = first token - arrival; TPOT = (finish - first token) / (output - 1);
 ITL = gaps between successive token emissions of a request (an MTP step emitting several tokens is one gap);
-end-to-end = finish - arrival. Throughputs are per second of the observation window.
+end-to-end = finish - arrival. Throughputs are per second of the observation window, which includes the drain after
+the last arrival (what `bench serve` divides by); the steady output throughput counts only the tokens emitted between
+the first and the last arrival, per second of that window, so the drain does not dilute what a rate sustains (a window
+of no length — one request, or a burst arriving at once — falls back to the whole window).
 """
 
 from __future__ import annotations
@@ -90,6 +93,8 @@ class Summary:
     e2e: Percentiles
     slo_attainment: float | None  # share of judged requests meeting the SLO (None without an SLO)
     goodput: float | None  # requests / s completed within the SLO
+    steady_window: float  # s from the first arrival to the last (the whole window when that has no length)
+    steady_output_throughput: float  # tokens emitted inside the steady window / s
     mean_waiting: float  # requests waiting for admission (a queue), time average over the window
     mean_in_system: float  # requests arrived and not finished, time average over the window
     mean_batch: float  # sequences per step, mean over steps
@@ -128,10 +133,11 @@ class ServingResult:
     slo: Slo | None
     mean_waiting: float  # requests waiting for admission, exact time average over the window
     mean_in_system: float  # requests arrived and not finished, exact time average over the window
+    emissions: np.ndarray  # (time, tokens) of every token emission, in time order
 
     @classmethod
     def of(cls, requests: pd.DataFrame, steps: pd.DataFrame, itl: np.ndarray, window: float, slo: Slo | None,
-           mean_waiting: float, mean_in_system: float) -> ServingResult:
+           mean_waiting: float, mean_in_system: float, emissions: np.ndarray) -> ServingResult:
         """Add the derived latency columns to the raw tables."""
         requests = requests.assign(
             ttft=requests.first_token - requests.arrival,
@@ -139,7 +145,7 @@ class ServingResult:
             e2e=requests.finish - requests.arrival,
             queue_wait=requests.scheduled - requests.arrival,
         )
-        return cls(requests, steps, itl, window, slo, mean_waiting, mean_in_system)
+        return cls(requests, steps, itl, window, slo, mean_waiting, mean_in_system, emissions)
 
     def met_slo(self) -> pd.Series:
         """Per request: finished and within every SLO limit (a single-token request has no TPOT to miss)."""
@@ -164,6 +170,10 @@ class ServingResult:
             attainment = float(met.sum() / judged) if judged else math.nan
             goodput = float(met.sum() / window)
         busy = s.step.sum()
+        start, end = (float(r.arrival.min()), float(r.arrival.max())) if len(r) else (0.0, 0.0)
+        if not end > start:
+            start, end = 0.0, window
+        span = end - start
         return Summary(
             requests=len(r), completed=int(done.sum()), window=window,
             request_throughput=float(done.sum() / window),
@@ -171,12 +181,17 @@ class ServingResult:
             output_throughput=float(r.generated.sum() / window),
             ttft=Percentiles.of(r.ttft), tpot=Percentiles.of(r.tpot), itl=Percentiles.of(self.itl),
             e2e=Percentiles.of(r.e2e),
-            slo_attainment=attainment, goodput=goodput,
+            slo_attainment=attainment, goodput=goodput, steady_window=span,
+            steady_output_throughput=float(self._tokens_between(start, end) / span) if span else 0.0,
             mean_waiting=self.mean_waiting, mean_in_system=self.mean_in_system,
             mean_batch=float(s.batch.mean()) if len(s) else 0.0,
             kv_usage=float((s.kv_usage * s.step).sum() / busy) if busy else 0.0,
             preemptions=int(r.preemptions.sum()),
         )
+
+    def _tokens_between(self, start: float, end: float) -> float:
+        t, n = self.emissions[:, 0], self.emissions[:, 1]
+        return float(n[(t >= start) & (t <= end)].sum())
 
     def latency_table(self) -> pd.DataFrame:
         """TTFT, TPOT, ITL and end-to-end latency in milliseconds: mean, p50, p90, p99."""
@@ -196,9 +211,9 @@ def _finite(tree):
     return None if isinstance(tree, float) and math.isnan(tree) else tree
 
 
-def knee(rates, summaries, slo: Slo | None) -> float | None:
-    """The lowest offered rate at which TTFT p99 leaves the SLO (None: no TTFT limit, or it never does). Rates in
-    increasing order, one summary each."""
-    if slo is None or slo.ttft is None:
+def knee(rates, summaries, slo: Slo | None, percentile: str = "p99") -> float | None:
+    """The lowest offered rate at which the SLO is missed at `percentile` — TTFT or TPOT, whichever limits it gives
+    (None: no SLO, or it is met at every rate). Rates in increasing order, one summary each."""
+    if slo is None or (slo.ttft is None and slo.tpot is None):
         return None
-    return next((rate for rate, s in zip(rates, summaries) if not s.ttft.p99 <= slo.ttft), None)
+    return next((rate for rate, s in zip(rates, summaries) if s.misses(slo, percentile)), None)

@@ -49,7 +49,7 @@ class Request:
     """A request's progress through the deployment (mutable simulation state; the result keeps a table of it)."""
 
     __slots__ = ("id", "arrival", "input", "output", "prefix_hit", "prompt", "prefilled", "generated", "kv", "state",
-                 "scheduled", "times", "finish", "preemptions", "prefill_rank", "decode_rank", "holder", "done")
+                 "scheduled", "times", "tokens", "finish", "preemptions", "prefill_rank", "decode_rank", "holder", "done")
 
     def __init__(self, id: int, arrival: float, shape: Shape):
         self.id, self.arrival = id, arrival
@@ -61,11 +61,16 @@ class Request:
         self.state = WAITING
         self.scheduled: float | None = None  # first admission to a prefill step
         self.times: list[float] = []  # when each step emitted tokens of this request
+        self.tokens: list[int] = []  # how many it emitted then (an MTP step may emit several)
         self.finish: float | None = None
         self.preemptions = 0
         self.prefill_rank = self.decode_rank = ""
         self.holder: Rank | None = None  # prefill rank holding the cache during the handoff
         self.done: simpy.Event | None = None  # closed loop: the user waits on it
+
+    def emit(self, now: float, tokens: int) -> None:
+        self.times.append(now)
+        self.tokens.append(tokens)
 
 
 class Rank:
@@ -234,7 +239,7 @@ class Rank:
                 r.kv += e
                 self.kv_used += e
                 r.generated += e
-                r.times.append(now)
+                r.emit(now, e)
                 if r.generated >= r.output:
                     self.complete(r, now)
         for r, n in chunks:
@@ -243,10 +248,10 @@ class Rank:
                 continue
             r.generated += 1
             if r.generated >= r.output:
-                r.times.append(now)
+                r.emit(now, 1)
                 self.complete(r, now)
             elif self.instance.decodes:
-                r.times.append(now)
+                r.emit(now, 1)
                 r.state = DECODE
             else:  # the token reaches the user with the cache, from the decode rank (transfer())
                 self.running.remove(r)
@@ -385,7 +390,7 @@ class _Simulation:
             yield self.env.timeout(link.latency + r.kv * src.instance.model.capacity.kv_bytes_per_token
                                    / link.bandwidth)
         src.kv_used -= r.kv
-        r.times.append(self.env.now)
+        r.emit(self.env.now, 1)
         r.holder = None
         src.instance.kick()
         dst.inbound -= 1
@@ -490,7 +495,7 @@ def simulate(deployment: Deployment, load: Load, step_model: StepModel | Mapping
     sim = _Simulation(deployment, load, models, seed, requests, duration, progress)
     window = sim.run()
     return ServingResult.of(_request_table(sim.requests), pd.DataFrame(sim.steps, columns=list(STEP_COLUMNS)),
-                            _gaps(sim.requests), window=window, slo=slo,
+                            _gaps(sim.requests), window=window, slo=slo, emissions=_emissions(sim.requests),
                             mean_waiting=sim.waiting_area / window, mean_in_system=sim.in_system_area / window)
 
 
@@ -507,6 +512,12 @@ def _gaps(requests: list[Request]) -> np.ndarray:
     """Every inter-token latency: the gaps between successive emissions of each request."""
     gaps = [np.diff(r.times) for r in requests if len(r.times) > 1]
     return np.concatenate(gaps) if gaps else np.empty(0)
+
+
+def _emissions(requests: list[Request]) -> np.ndarray:
+    """(time, tokens) of every emission of every request, in time order."""
+    rows = [(t, n) for r in requests for t, n in zip(r.times, r.tokens)]
+    return np.array(sorted(rows), dtype=float).reshape(-1, 2)
 
 
 def _phase_models(step_model) -> dict[str, StepModel]:

@@ -56,8 +56,8 @@ def evaluate(point: Point, params: CostParams = CostParams()) -> dict:
     row.update(p.summary())
     row.update(cost(p, params).as_dict())
     row["chips"] = p.prefill_chips + p.decode_chips
-    row["peak_flops_per_rank"] = chip.peak_cube_flops("bf16") / chip.dies
-    row["hbm_bandwidth_per_rank"] = chip.hbm.bandwidth / chip.dies
+    row["peak_flops_per_rank"] = chip.peak_cube_flops("bf16")  # a rank is a die, and the chip's figures are per die
+    row["hbm_bandwidth_per_rank"] = chip.hbm.bandwidth
     for phase in p.phases:
         step = getattr(p, phase)
         a = step.activity
