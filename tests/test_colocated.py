@@ -55,6 +55,7 @@ def test_served_ttft_is_bounded_by_the_prefill_alone_and_halving_follows_a_miss(
                         "streams: {shared_expert_side_stream: true, comm_overlap: true}\n")
         alone = api.predict("cloudmatrix384", "deepseek-v3.2-exp", str(plan), input=2048, output=256, batch=1)
         assert r["ttft_p99_ms"] >= alone.ttft * 1e3 * 0.99, r
-    for a, b in zip(rows, rows[1:]):
+    for a, b in zip(rows, rows[1:]):  # fewer users only after a miss, more (bisecting) only after a meet
         if a["layout"] == b["layout"]:
-            assert b["batch"] <= a["batch"] // 2 and (a["ttft_p99_ms"] > 2000 or a["tpot_p99_ms"] > 50)
+            missed = a["ttft_p99_ms"] > 2000 or a["tpot_p99_ms"] > 50
+            assert missed == (b["batch"] < a["batch"]), (a, b)

@@ -12,7 +12,8 @@ their own ranks and grown to the deployment's whole chip count, prefilling in ch
 choice, 8192 by default, not a measured figure). A co-located TPOT cannot beat the same decode alone (prefills only add
 to a step), so each layout starts at the batch its decode met TPOT with and serves fewer users until the served TTFT
 and TPOT meet the SLO: half as many, or at once the concurrency the run's completed request rate sustains when a
-queue built up (Little's law). The disaggregated recommendation is walked down the same way: its one prefill instance
+queue built up (Little's law), then bisects twice between the users met and the fewest missed. The disaggregated
+recommendation is walked down the same way: its one prefill instance
 may not keep up with a closed loop as large as its decode batch.
 Limits: closed-loop load only (a rate is served for the disaggregated frontier by `--rate`); one seed; serving runs
 cost seconds each, so the search is opt-in (`npusim plan --colocated`).
@@ -91,6 +92,17 @@ def _walk(serve, batch: int, slo: Slo, output: int) -> list[Mixed]:
         if m.requests_per_s and not m.error:
             fewer = max(1, min(fewer, int(m.requests_per_s * (slo.ttft + output * min(m.tpot, slo.tpot)))))
         batch = fewer if fewer < batch else 0
+    met = [m for m in tried if m.meets(slo)]
+    missed = [m.batch for m in tried if not m.meets(slo) and not m.error]
+    if met and missed:  # the jump may undershoot: bisect between the users met and the fewest missed, twice
+        lo, hi = met[-1].batch, min(b for b in missed if b > met[-1].batch)
+        for _ in range(2):
+            mid = (lo + hi) // 2
+            if mid <= lo:
+                break
+            m = serve(mid)
+            tried.append(m)
+            lo, hi = (mid, hi) if m.meets(slo) else (lo, mid)
     return tried
 
 
@@ -107,7 +119,8 @@ def compare_deployments(sc, slo: Slo, frontier, recommended, plan_file, *, perce
     runs = _walk(lambda b: _serve(sc, disagg_doc, plan_file, f"prefill {pre.describe()} + decode {dec.describe()}",
                                   "disaggregated", b, dec.dp, slo, percentile, requests, seed, chunk),
                  recommended.decode.batch, slo, sc.output)
-    disagg = next((m for m in runs if m.meets(slo)), runs[-1] if runs else None)
+    disagg = max((m for m in runs if m.meets(slo)), key=lambda m: m.served_tokens_per_s_per_chip,
+                 default=runs[-1] if runs else None)
     seen, starts = set(), []
     for cand in sorted(frontier, key=lambda c: -c.decode_tokens_per_s_per_chip):
         # o_proj is split over at least the attention-TP group: layouts differing below it are the same deployment
