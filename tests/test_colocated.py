@@ -59,3 +59,34 @@ def test_served_ttft_is_bounded_by_the_prefill_alone_and_halving_follows_a_miss(
         if a["layout"] == b["layout"]:
             missed = a["ttft_p99_ms"] > 2000 or a["tpot_p99_ms"] > 50
             assert missed == (b["batch"] < a["batch"]), (a, b)
+
+
+def test_served_tpot_is_worse_than_the_same_decode_alone(planned):
+    """Each served co-located run carries its one-request bounds. Where a DP group holds more than one user, prompts
+    run in its decode steps: TPOT worse than the same layout's decode step at that batch alone (predict), TTFT worse
+    than one prompt prefilled alone."""
+    out, _ = planned
+    rows = [r for r in out["colocated"] if r["deployment"] == "co-located" and not r["note"]]
+    assert rows and all(r["alone_tpot_ms"] > 0 and r["alone_ttft_ms"] > 0 for r in rows)
+    assert all(r["tpot_p99_ms"] >= r["alone_tpot_ms"] * 0.99 for r in rows)
+    dp = lambda r: int(r["layout"].split()[1][2:].split("xTP")[0])  # noqa: E731  '32r DP4xTP8 ...' -> 4
+    shared = [r for r in rows if r["batch"] > dp(r)]  # some DP group runs a prompt beside its decodes
+    assert shared and all(r["tpot_p99_ms"] > r["alone_tpot_ms"] * 1.01 for r in shared)
+    assert all(r["ttft_p99_ms"] > r["alone_ttft_ms"] * 1.5 for r in shared)
+
+
+def test_a_prompt_alone_above_the_ttft_limit_is_not_served(tmp_path):
+    """TTFT 0.25 s: a 2K prompt prefilled alone on any co-located layout takes longer (no context parallelism; the
+    fastest, 64r DP8xTP8, 0.27 s), so none is served; the verdict says so, and --figures draws the frontier."""
+    from tests.conftest import run_cli
+
+    args = [a if a != "ttft=2s,tpot=50ms" else "ttft=0.25s,tpot=50ms" for a in ARGS]
+    r = run_cli(*args, "--out", tmp_path / "p.yaml", "--figures", tmp_path / "fig", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    rows = [x for x in out["colocated"] if x["deployment"] == "co-located"]
+    assert rows and all(x["note"].startswith("not served: one prompt alone takes") and x["alone_ttft_ms"] > 250
+                        and x["ttft_p99_ms"] is None for x in rows)
+    assert "no co-located candidate" in out["verdict"] and "one prompt alone takes" in out["verdict"]
+    png = tmp_path / "fig" / "frontier.png"
+    assert png.exists() and png.stat().st_size > 10_000

@@ -4,6 +4,7 @@ percentile under that load, in the serving simulation) and write the recommended
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 
@@ -50,6 +51,8 @@ def register(sub) -> None:
                    help="also serve co-located (PD-mixed) deployments of the frontier's decode layouts in the "
                         "request-level simulation (closed loop, SLO at --percentile) and say whether co-located or "
                         "disaggregated serves more tokens per chip at the SLO (seconds per serving run)")
+    p.add_argument("--figures", metavar="DIR", help="write frontier.png there: the disaggregated frontier and, with "
+                                                  "--colocated, the deployments served beside it, in one figure")
     common.add_set(p)
     common.add_format(p)
     p.set_defaults(run=run)
@@ -114,6 +117,9 @@ def run(args) -> None:
     if written:
         _write_search(result, written, frame, served if traffic else
                       pd.DataFrame([c.row() for c in result.closest]).round(2), mixed)
+    if args.figures and not frame.empty:
+        figure = _figure(args.figures, frame, mixed)
+        extra["figure"] = str(figure)
     launches = _launches(args, result, written, overrides) if written else {}
     if launches:
         extra["launch"] = {name: {"file": str(path), **l.as_dict()} for name, (l, path) in launches.items()}
@@ -158,6 +164,8 @@ def run(args) -> None:
         common.emit(mixed[0], "table", title=f"co-located vs disaggregated, served (closed loop, fewer users until the SLO is met, "
                                               f"{args.requests}+ requests, SLO at {traffic.percentile if traffic else args.percentile})")
         print(f"verdict: {mixed[1]}")
+    if "figure" in extra:
+        print(f"frontier figure: {extra['figure']}")
     print(f"written to {written}; confirm with:\n" + "\n".join(f"  {cmd}" for cmd in confirm))
     for name, (emitted, path) in launches.items():
         print(f"\n{emitted.framework.title} launch commands, written to {path}:\n")
@@ -178,6 +186,20 @@ def _colocated(args, result):
                                             requests=args.requests, seed=args.seed)
     rows = pd.DataFrame([m.row(pct) for m in ([disagg] if disagg else []) + tried]).round(2)
     return rows, verdict(tried, disagg, result.slo, pct)
+
+
+def _figure(directory: str, frame: pd.DataFrame, mixed: tuple | None) -> Path:
+    """Both frontiers in one figure (the report's), as DIR/frontier.png."""
+    from npusim.results.report import frontier_figure
+
+    path = Path(directory) / "frontier.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig = frontier_figure(frame, mixed[0] if mixed else None, mixed[1] if mixed else "")
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
 
 
 def _write_search(result, written, frame: pd.DataFrame, runners_up: pd.DataFrame,

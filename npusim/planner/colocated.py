@@ -15,6 +15,11 @@ and TPOT meet the SLO: half as many, or at once the concurrency the run's comple
 queue built up (Little's law), then bisects twice between the users met and the fewest missed. The disaggregated
 recommendation is walked down the same way: its one prefill instance
 may not keep up with a closed loop as large as its decode batch.
+The one-request figures bound the served ones (prompts only add to a decode step, and a prompt served waits for, then
+shares, steps with the decodes): one prompt prefilled alone on the idle instance (predict, in the same chunks) is
+predicted first, and a layout whose prompt alone misses the TTFT limit is not served at all (a 128K prompt on one DP
+group, without the prefill instance's context parallelism). Each served run carries both bounds, the prompt alone
+and the decode step at its batch without prompts, beside its served TTFT and TPOT.
 Limits: closed-loop load only (a rate is served for the disaggregated frontier by `--rate`); one seed; serving runs
 cost seconds each, so the search is opt-in (`npusim plan --colocated`).
 """
@@ -45,6 +50,10 @@ class Mixed:
     served_tokens_per_s_per_chip: float = 0.0
     requests_per_s: float = 0.0  # completed requests per second in the run
     error: str = ""
+    # co-located: the one-request bounds of the served figures (predict) -- one prompt prefilled alone on the idle
+    # instance, and the decode step at this batch without prompts
+    alone_ttft: float = math.nan
+    alone_tpot: float = math.nan
 
     def meets(self, slo: Slo) -> bool:
         return not self.error and self.ttft <= slo.ttft and self.tpot <= slo.tpot
@@ -52,7 +61,8 @@ class Mixed:
     def row(self, percentile: str) -> dict:
         return {"deployment": self.kind, "layout": self.describe, "chips": self.chips, "batch": self.batch,
                 f"ttft_{percentile}_ms": self.ttft * 1e3, f"tpot_{percentile}_ms": self.tpot * 1e3,
-                "served_tok_s_chip": self.served_tokens_per_s_per_chip, "note": self.error}
+                "served_tok_s_chip": self.served_tokens_per_s_per_chip,
+                "alone_ttft_ms": self.alone_ttft * 1e3, "alone_tpot_ms": self.alone_tpot * 1e3, "note": self.error}
 
 
 def _serve(sc, doc: dict, plan_file, describe: str, kind: str, batch: int, dp: int, slo: Slo, percentile: str,
@@ -77,6 +87,27 @@ def colocated_doc(layout: Layout) -> dict:
     doc = plan_document(None, layout)
     doc["colocated"] = True
     return doc
+
+
+def _prompt_alone(sc, lay: Layout, plan_file, chunk: int) -> tuple[float, str]:
+    """One prompt prefilled alone on the idle co-located instance, in the chunks the served instance runs (predict):
+    served TTFT can only be worse, so a layout whose prompt alone misses the TTFT limit is not served."""
+    doc = colocated_doc(lay) | ({"prefill_chunk": chunk} if chunk < sc.input else {})
+    try:
+        return api.predict(sc.hw, sc.model, plan_file(doc), input=sc.input, output=sc.output, batch=lay.dp,
+                           quant=sc.quant, overrides=dict(sc.overrides)).ttft, ""
+    except NpusimError as exc:
+        return math.inf, exc.detail
+
+
+def _decode_alone(sc, lay: Layout, batch: int, plan_file) -> float:
+    """The same layout's decode step at `batch` without prompts beside it (predict of the decode-only plan)."""
+    try:
+        return api.predict(sc.hw, sc.model, plan_file(plan_document(None, lay)), input=1, batch=batch,
+                           context=sc.input + sc.output // 2, output=sc.output, quant=sc.quant,
+                           overrides=dict(sc.overrides)).tpot
+    except NpusimError:
+        return math.nan
 
 
 def _walk(serve, batch: int, slo: Slo, output: int) -> list[Mixed]:
@@ -139,26 +170,40 @@ def compare_deployments(sc, slo: Slo, frontier, recommended, plan_file, *, perce
     tried = []
     for lay, batch in starts:
         doc = colocated_doc(lay)
-        tried += _walk(lambda b, lay=lay, doc=doc: _serve(sc, doc, plan_file, lay.describe(), "co-located", b, lay.dp,
-                                                          slo, percentile, requests, seed, chunk),
-                       batch, slo, sc.output)
+        alone, why = _prompt_alone(sc, lay, plan_file, chunk)
+        if alone > slo.ttft:  # the one-request bound prunes it before any serving run
+            tried.append(Mixed("co-located", lay.describe(), lay.ranks, 0.0, batch, alone_ttft=alone,
+                               error=why or f"not served: one prompt alone takes {alone:.3g} s, above TTFT "
+                                            f"{slo.ttft:g} s"))
+            continue
+
+        def serve(b, lay=lay, doc=doc, alone=alone):
+            m = _serve(sc, doc, plan_file, lay.describe(), "co-located", b, lay.dp, slo, percentile, requests, seed,
+                       chunk)
+            return replace(m, alone_ttft=alone, alone_tpot=_decode_alone(sc, lay, b, plan_file))
+
+        tried += _walk(serve, batch, slo, sc.output)
     return tried, disagg
 
 
 def verdict(tried: list[Mixed], disagg: Mixed | None, slo: Slo, percentile: str) -> str:
     """One sentence: which deployment serves more output tokens per chip at the SLO, and by how much."""
     best = max((m for m in tried if m.meets(slo)), key=lambda m: m.served_tokens_per_s_per_chip, default=None)
+    pruned = [m for m in tried if m.error.startswith("not served")]
+    alone = (f" (one prompt alone takes {min(m.alone_ttft for m in pruned):.3g} s at best)"
+             if pruned and len(pruned) == len(tried) else "")
     if disagg is None:
         return "no disaggregated plan meets the SLO, so there is nothing to compare"
     if not disagg.meets(slo):
         why = disagg.error or f"TTFT {disagg.ttft * 1e3:.0f} ms, TPOT {disagg.tpot * 1e3:.1f} ms"
         tail = (f"; co-located {best.describe} meets it at {best.served_tokens_per_s_per_chip:.1f} tok/s per chip"
-                if best else "; no co-located candidate meets it either")
+                if best else f"; no co-located candidate meets it either{alone}")
         return f"the disaggregated recommendation misses the SLO at {percentile} when served ({why})" + tail
     if best is None:
+        why = alone or " when prefills share its steps"
         return (f"disaggregated wins: {disagg.served_tokens_per_s_per_chip:.1f} served tok/s per chip at the SLO "
                 f"({percentile}); no co-located candidate tried meets TTFT {slo.ttft * 1e3:g} ms and TPOT "
-                f"{slo.tpot * 1e3:g} ms when prefills share its steps")
+                f"{slo.tpot * 1e3:g} ms{why}")
     a, b = disagg.served_tokens_per_s_per_chip, best.served_tokens_per_s_per_chip
     win, lose, (x, y) = (("disaggregated", "co-located", (a, b)) if a >= b else ("co-located", "disaggregated", (b, a)))
     return (f"{win} wins at the SLO ({percentile}): {x:.1f} vs {y:.1f} served output tok/s per chip "

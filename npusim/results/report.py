@@ -204,28 +204,39 @@ def closest_validation(frame: pd.DataFrame | None, hw: str, model: str, plan: st
     return Section("Validation status of the closest published rows", summary + table(shown, 1))
 
 
+def frontier_figure(front: pd.DataFrame, colocated: pd.DataFrame | None = None, verdict: str = ""):
+    """The disaggregated frontier (one request each) and the deployments served beside it with `npusim plan
+    --colocated` in one figure: served tokens/s per chip against TPOT, the served runs at their percentile (those
+    the one-request bound pruned have no served figures and are not drawn); `verdict` as the title."""
+    fig, ax = _plt().subplots(figsize=(6, 3.2))
+    # a frontier in three figures (tokens/s per chip, TPOT, chips): its points, not a curve in these two
+    ax.plot(front["tpot_ms"], front["served_tok_s_chip"], "o", color="#4c72b0",
+            label="disaggregated frontier (one request)")
+    for _, r in front.iterrows():
+        ax.annotate(f"{r['chips']:g} chips", (r["tpot_ms"], r["served_tok_s_chip"]), fontsize=7)
+    if colocated is not None and not colocated.empty:
+        tpot = next(c for c in colocated if c.startswith("tpot_"))
+        for kind, marker, colour in (("co-located", "s", "#dd8452"), ("disaggregated", "^", "#55a868")):
+            rows = colocated[(colocated["deployment"] == kind) & (colocated["served_tok_s_chip"] > 0)]
+            if rows.empty:  # e.g. every co-located layout pruned by its prompt alone
+                continue
+            ax.plot(rows[tpot], rows["served_tok_s_chip"], marker, color=colour, linestyle="none",
+                    label=f"{kind}, served ({tpot.split('_')[1]})")
+    ax.set(xlabel="TPOT (ms)", ylabel="served tokens/s per chip", title=verdict or "Pareto frontier")
+    ax.title.set_fontsize(7 if verdict else 10)
+    ax.title.set_wrap(True)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return fig
+
+
 def frontier(front: pd.DataFrame, served: pd.DataFrame, colocated: pd.DataFrame | None = None,
              verdict: str = "") -> Section:
     """The search's frontier (and, with `npusim plan --colocated`, the co-located deployments served beside the
     disaggregated recommendation) in one figure of served tokens/s per chip against TPOT, then the tables."""
-    plt = _plt()
     body = ""
     if not front.empty and {"tpot_ms", "served_tok_s_chip"} <= set(front):
-        fig, ax = plt.subplots(figsize=(6, 3.2))
-        ax.plot(front["tpot_ms"], front["served_tok_s_chip"], "o-", color="#4c72b0",
-                label="disaggregated frontier (one request)")
-        for _, r in front.iterrows():
-            ax.annotate(f"{r['chips']:g} chips", (r["tpot_ms"], r["served_tok_s_chip"]), fontsize=7)
-        if colocated is not None and not colocated.empty:
-            tpot = next(c for c in colocated if c.startswith("tpot_"))
-            for kind, marker, colour in (("co-located", "s", "#dd8452"), ("disaggregated", "^", "#55a868")):
-                rows = colocated[colocated["deployment"] == kind]
-                ax.plot(rows[tpot], rows["served_tok_s_chip"], marker, color=colour, linestyle="none",
-                        label=f"{kind}, served ({tpot.split('_')[1]})")
-        ax.set(xlabel="TPOT (ms)", ylabel="served tokens/s per chip", title="Pareto frontier")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        body += svg_figure(fig)
+        body += svg_figure(frontier_figure(front, colocated))
     body += table(front)
     if colocated is not None and not colocated.empty:
         body += (f"<h3>Co-located vs disaggregated, served</h3><p id='verdict'>{_e(verdict)}</p>"
