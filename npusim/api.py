@@ -120,6 +120,9 @@ def predict(hw: str = DEFAULT["hw"], model: str = DEFAULT["model"], plan: str = 
             timed.append(step_time(step, pl, system))
             mems[phase] = mem if phase not in mems or mem.total > mems[phase].total else mems[phase]
         steps[phase] = timed[0] if len(timed) == 1 else chained(timed)
+        if not 0 < steps[phase].time < math.inf:  # e.g. --set hbm.bandwidth=1e-300B/s: times overflow to inf
+            raise NpusimError(f"the {phase} step takes {steps[phase].time:g} s, which is not a time: a rate or size "
+                              f"given ({', '.join(overrides or {}) or 'the files'}) is too small or too large to time")
     dies = system.chip_spec.dies
     dec = pl.instance("decode")
     decode_chips = (dec.ranks + dec.ffn_ranks) * dec.instances / dies

@@ -275,3 +275,8 @@ def test_an_output_path_in_the_way_is_refused(tmp_path):
     blocker = tmp_path / "figs"
     blocker.write_text("a file where a directory goes")
     assert_refused(run(*SERVE, "--rate", "1", "--figures", blocker), str(blocker), "cannot read or write")
+
+
+def test_a_size_of_zero_and_a_rate_too_small_to_time():
+    assert_refused(run("kernel", "sim", "gemm", "--shape", "m=0,n=128,k=128"), "--shape:", "'m=0' must be at least 1")
+    assert_refused(run("predict", *SMALL, "--set", "hbm.bandwidth=1e-300B/s"), "not a time", "hbm.bandwidth")

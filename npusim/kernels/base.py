@@ -155,6 +155,9 @@ class Kernel:
         missing = [n for n, f in fields.items() if f.default is dataclasses.MISSING and n not in args]
         if missing:
             raise NpusimError(f"kernel {cls.name} needs shape keys {', '.join(missing)}", field="shape")
+        for name, f in fields.items():  # a required dimension (no default) is a size: at least 1
+            if f.default is dataclasses.MISSING and f.type == "int" and args[name] < 1:
+                raise NpusimError(f"kernel {cls.name} shape '{name}={args[name]}' must be at least 1", field="shape")
         return cls(**args)
 
     @property
