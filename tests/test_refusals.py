@@ -266,6 +266,7 @@ SERVE = ("serve", "--requests", "2", "--input", "128", "--output", "4")
     (("kernel", "verify", "rowwise", "--shape", "rows=8,cols=nan"), ["--shape:", "whole numbers"]),
     (("kernel", "sim", "gemm", "--shape", "m=1.5,n=128,k=128"), ["--shape:", "'m=1.5' is not a whole number"]),
     (("kernel", "show", "flash_attention", "--shape", "tokens=128,keys=128,scale=nan"), ["--shape:", "finite"]),
+    (("kernel", "sim", "compressor", "--shape", "m=3,k=3,n=3"), ["--shape:", "n=3 must be"]),  # refused by its trace
 ])
 def test_option_values(argv, needles):
     assert_refused(run(*argv), *needles)

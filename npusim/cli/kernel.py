@@ -32,15 +32,18 @@ def load_kernel(args) -> tuple[Kernel, Chip]:
     """(kernel, chip) from args.name, args.shape ('k=v,...'; option keys such as dtype or block_m allowed),
     args.hw and args.overrides."""
     chip = load_chip(args.hw, parse_overrides(getattr(args, "overrides", [])))
-    return kernel_of(args.name, parse_shape(args.shape)), chip
+    return catalog.kernel(args.name, parse_shape(args.shape)), chip
 
 
-def kernel_of(name: str, shape: dict[str, str]) -> Kernel:
-    """catalog.kernel, its refusals of the shape named as the option the user wrote it in."""
-    try:
-        return catalog.kernel(name, shape)
-    except NpusimError as exc:
-        raise as_written(exc, {"shape": {"field": "--shape"}}) from None
+def shape_named(run):
+    """A kernel command whose refusals of the kernel's shape (the kernels call it 'shape', from the tiling or the
+    trace alike) are named as the option the user wrote it in, --shape."""
+    def named(args) -> None:
+        try:
+            run(args)
+        except NpusimError as exc:
+            raise as_written(exc, {"shape": {"field": "--shape"}}) from None
+    return named
 
 
 def add_kernel_args(parser, hw: bool = True) -> None:
@@ -60,12 +63,12 @@ def register(sub) -> None:
     lp.set_defaults(run=run_list)
     sp = ks.add_parser("show", help="tiling, buffer use vs capacity, instructions per pipe, FLOPs, bytes, roofline")
     add_kernel_args(sp)
-    sp.set_defaults(run=run_show)
+    sp.set_defaults(run=shape_named(run_show))
     vp = ks.add_parser("verify", help="traced execution vs float64 reference: per dtype scheme the shape, tolerance, "
                                       "max abs / rel error and PASS / FAIL (exit 1 on FAIL)")
     add_kernel_args(vp, hw=False)
     vp.add_argument("--seed", type=int, default=0)
-    vp.set_defaults(run=run_verify)
+    vp.set_defaults(run=shape_named(run_verify))
     p.set_defaults(run=lambda args: p.print_help())
 
 

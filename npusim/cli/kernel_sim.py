@@ -12,12 +12,13 @@ import dataclasses
 import pandas as pd
 
 from npusim.cli import common
-from npusim.cli.kernel import add_kernel_args, kernel_of
+from npusim.cli.kernel import add_kernel_args, shape_named
 from npusim.engine import simulate_timeline, write_chrome_trace
 from npusim.engine.l2state import L2_STATES, at_launch
 from npusim.engine.tune import tuned
 from npusim.engine.result import LAUNCH_MODES
 from npusim.errors import NpusimError
+from npusim.kernels import catalog
 from npusim.kernels.base import KERNELS
 from npusim.spec.chip import load_chip
 
@@ -33,7 +34,7 @@ def register(sub) -> None:
                    help="L2 at the launch (default cold: inputs from HBM, as inside a model step); warm = a "
                         "microbenchmark replay's, its footprint resident when it fits")
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome trace (open in Perfetto or chrome://tracing)")
-    p.set_defaults(run=run_sim)
+    p.set_defaults(run=shape_named(run_sim))
 
 
 def _kernel_actions(sub) -> argparse._SubParsersAction:
@@ -68,7 +69,7 @@ def parse_shape(cls, text: str) -> dict[str, str]:
 def run_sim(args) -> None:
     chip = load_chip(args.hw, common.parse_overrides(args.overrides))
     cls = KERNELS.get(args.name)
-    kernel = kernel_of(args.name, parse_shape(cls, args.shape) if cls else {})
+    kernel = catalog.kernel(args.name, parse_shape(cls, args.shape) if cls else {})
     best = tuned(kernel, chip, args.launch, lambda k: at_launch(k.trace(chip), chip, args.l2))
     trace = best.trace
     if args.trace:
