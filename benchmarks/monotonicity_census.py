@@ -52,6 +52,7 @@ class Check:
     resource: str
     before: float
     after: float
+    cause: str = ""  # kernel rows: "tiling" (the tuner chose another tiling) or "engine" (the same trace ran later)
 
     @property
     def slower(self) -> bool:
@@ -77,9 +78,10 @@ def chip_named(name: str):
     return load_chip(name)
 
 
-def kernel_time(name: str, chip, shape: dict) -> float:
-    """The kernel as the tuner runs it (the fastest of its candidate tilings)."""
-    return tuned(catalog.kernel(name, shape), chip, "device").result.time
+def kernel_run(name: str, chip, shape: dict) -> tuple[float, str]:
+    """The kernel as the tuner runs it (the fastest of its candidate tilings): its time and its chosen tiling."""
+    best = tuned(catalog.kernel(name, shape), chip, "device")
+    return best.result.time, repr(best.kernel)
 
 
 def kernel_checks(chips: list[str]) -> list[Check]:
@@ -88,16 +90,16 @@ def kernel_checks(chips: list[str]) -> list[Check]:
         chip = chip_named(chip_name)
         where = f"{chip_name} " + " ".join(f"{k}={v}" for k, v in shape.items())
         try:
-            before = kernel_time(name, chip, shape)
+            before, chosen = kernel_run(name, chip, shape)
         except NpusimError:
             continue  # refused on this chip (a dtype it lacks, a buffer too small): nothing to compare
         for res in RESOURCES:
             try:
-                after = kernel_time(name, with_more(chip, res), shape)
+                after, now = kernel_run(name, with_more(chip, res), shape)
             except NpusimError as exc:
                 print(f"  refused with more {res}: {name} {where}: {exc}")
-                after = float("inf")
-            out.append(Check(name, where, res, before, after))
+                after, now = float("inf"), ""
+            out.append(Check(name, where, res, before, after, "engine" if now == chosen else "tiling"))
     return out
 
 
@@ -141,20 +143,22 @@ def prediction_checks(label: str, kwargs: dict) -> list[Check]:
     for res in RESOURCES:
         more = kwargs.get("overrides", {}) | resource_overrides(chip, res)
         p = api.predict(**(kwargs | {"overrides": more}))
-        out.append(Check(f"prediction TTFT", label, res, base.ttft, p.ttft))
-        out.append(Check(f"prediction TPOT", label, res, base.tpot, p.tpot))
+        for figure in ("ttft", "tpot"):  # a decode-only plan has no TTFT
+            if getattr(base, figure) is not None:
+                out.append(Check(f"prediction {figure.upper()}", label, res, getattr(base, figure), getattr(p, figure)))
     return out
 
 
 def report(checks: list[Check], show: int) -> None:
     slower = [c for c in checks if c.slower]
     print(f"\n{len(slower)} of {len(checks)} checks slower with more resource")
-    by = collections.Counter((c.what, c.resource) for c in slower)
-    for (what, res), n in sorted(by.items(), key=lambda kv: -kv[1]):
-        print(f"  {what:32s} more {res:6s} {n:5d}")
+    by = collections.Counter((c.what, c.resource, c.cause) for c in slower)
+    for (what, res, cause), n in sorted(by.items(), key=lambda kv: -kv[1]):
+        print(f"  {what:32s} more {res:6s} {n:5d}  {cause}")
+    print("  (kernel rows: 'engine' = the same tiling ran later on the larger chip, 'tiling' = the tuner chose another)")
     for c in sorted(slower, key=lambda c: -c.after / c.before)[:show]:
         print(f"  {c.after / c.before - 1:+8.2%}  {c.what} more {c.resource}: {c.where}  "
-              f"{c.before * 1e6:.3f} -> {c.after * 1e6:.3f} us")
+              f"{c.before * 1e6:.3f} -> {c.after * 1e6:.3f} us {c.cause}")
 
 
 def main() -> None:

@@ -128,9 +128,10 @@ class Queues:
 class Tiled(Kernel):
     """Shared mechanism; subclasses give `tokens`, `wide` (the split axis length), inputs, outputs, steps."""
 
-    options: ClassVar[tuple[str, ...]] = ("buffering", "tile_tokens")
+    options: ClassVar[tuple[str, ...]] = ("buffering", "tile_tokens", "tile_cols")
     buffering: int = field(default=0, kw_only=True)  # depth of the in / out queues (0 = 2, as written)
     tile_tokens: int = field(default=0, kw_only=True)  # tokens per tile (0 = the tiler's: the fewest tiles that fit)
+    tile_cols: int = field(default=0, kw_only=True)  # a token's columns per tile (0 = the tiler's; one token a tile)
 
     def inputs(self) -> tuple[Operand, ...]:
         raise NotImplementedError
@@ -180,44 +181,65 @@ class Tiled(Kernel):
 
     def candidates(self, chip: Chip) -> tuple[Kernel, ...]:
         """With whole rows per tile, the tokens per tile of a core's share cut into n equal tiles for n on the fixed
-        ladder of `even_tiles` (the fewest that fit first)."""
-        share, fewest = self.fewest(chip)
-        if self.tile_tokens or self.tokens < chip.aiv.count or not fewest:
+        ladder of `even_tiles` (the fewest that fit first); where one token a tile is all that fits, or the tokens
+        are fewer than the cores, also each column tile of `columns` (a half UB would have split the row)."""
+        if self.tile_tokens or self.tile_cols:
             return (self,)
-        return tuple(replace(self, tile_tokens=bt)
-                     for bt in even_tiles(share, fewest, self._bytes(1, self.wide)[0]))
-
-    def tile(self, chip: Chip) -> tuple[int, int]:
-        """Tokens split evenly over the vector cores (CANN's former / tail cores: a core takes ceil(T / cores)), a
-        core's share cut into the fewest equal tiles that fit UB with whole rows (or `tile_tokens` per tile); with
-        fewer tokens than vector cores, one token per tile and the wide axis split into aligned column tiles (at
-        least 1 KB of a row, 4 KB moved per tile)."""
-        ub, cores, W = chip.aiv.buffers.ub, chip.aiv.count, self.wide
-        if self.tile_tokens:
-            if self._bytes(self.tile_tokens, W)[1] > ub:
-                raise NpusimError(f"{self.name}: a tile of {self.tile_tokens} tokens needs "
-                                  f"{self._bytes(self.tile_tokens, W)[1] / 1024:g} KiB of UB but {chip.name} has "
-                                  f"{ub / 1024:g} KiB", field="tiling.tile_tokens")
-            return self.tile_tokens, W
         share, fewest = self.fewest(chip)
-        if self.tokens >= cores and fewest:
-            return cdiv(share, fewest), W
+        cols = [c for c in self.columns(chip) if c < self.wide]
+        if self.tokens >= chip.aiv.count and fewest:
+            rows = tuple(replace(self, tile_tokens=bt) for bt in even_tiles(share, fewest, self._bytes(1, self.wide)[0]))
+            return rows + (tuple(replace(self, tile_cols=c) for c in cols) if fewest == share else ())
+        return tuple(replace(self, tile_cols=c) for c in self.columns(chip)) or (self,)
+
+    def columns(self, chip: Chip) -> list[int]:
+        """A token's column tiles the tiler considers, its own first: from an aligned start (at least 1 KB of a row
+        and 4 KB moved per tile, the row shared by the cores when the tokens are few) halved down to the 512 B
+        alignment, those that fit UB. The start does not depend on UB, so a larger UB's list holds a smaller one's."""
+        ub, cores, W = chip.aiv.buffers.ub, chip.aiv.count, self.wide
         split = [mem(o.dtype, 1) for o in self.inputs() + self.outputs() if o.split]
-        if not split:  # nothing to cut along the wide axis: one token per tile
-            return 1, W
+        if not split:
+            return []
         elem = max(split)
         align = max(1, int(COL_ALIGN_BYTES // elem))
         bc = align * cdiv(cdiv(W, max(1, cores // self.tokens)), align)
         bc = max(bc, align * cdiv(int(MIN_COL_BYTES // elem), align))
         while self._bytes(1, bc)[0] < MIN_TILE_BYTES and bc < W:
             bc += align
-        while self._bytes(1, bc)[1] > ub and bc > align:
+        out = []
+        while True:
+            if self._bytes(1, bc)[1] <= ub:
+                out.append(min(bc, W))
+            if bc <= align:
+                break
             bc = max(align, bc // 2 // align * align)
-        bc = min(bc, W)
-        if self._bytes(1, bc)[1] > ub:
-            raise NpusimError(f"{self.name}: one token's tile needs {self._bytes(1, bc)[1] / 1024:g} KiB of UB but "
-                              f"{chip.name} has {ub / 1024:g} KiB", field="tiling.ub")
-        return 1, bc
+        return list(dict.fromkeys(out))
+
+    def tile(self, chip: Chip) -> tuple[int, int]:
+        """Tokens split evenly over the vector cores (CANN's former / tail cores: a core takes ceil(T / cores)), a
+        core's share cut into the fewest equal tiles that fit UB with whole rows (or `tile_tokens` per tile); with
+        fewer tokens than vector cores, one token per tile and the wide axis split into aligned column tiles (at
+        least 1 KB of a row, 4 KB moved per tile; or `tile_cols`)."""
+        ub, cores, W = chip.aiv.buffers.ub, chip.aiv.count, self.wide
+        for n, (bt, bc) in (("tile_tokens", (self.tile_tokens, W)), ("tile_cols", (1, self.tile_cols))):
+            if bt and bc:
+                if self._bytes(bt, bc)[1] > ub:
+                    raise NpusimError(f"{self.name}: a tile of {bt} tokens x {bc} columns needs "
+                                      f"{self._bytes(bt, bc)[1] / 1024:g} KiB of UB but {chip.name} has "
+                                      f"{ub / 1024:g} KiB", field=f"tiling.{n}")
+                return bt, bc
+        share, fewest = self.fewest(chip)
+        if self.tokens >= cores and fewest:
+            return cdiv(share, fewest), W
+        split = [mem(o.dtype, 1) for o in self.inputs() + self.outputs() if o.split]
+        if not split:
+            return 1, W  # nothing to cut along the wide axis: one token per tile
+        cols = self.columns(chip)
+        if not cols:
+            need = self._bytes(1, min(W, max(1, int(COL_ALIGN_BYTES // max(split)))))[1]
+            raise NpusimError(f"{self.name}: one token's tile needs {need / 1024:g} KiB of UB but {chip.name} has "
+                              f"{ub / 1024:g} KiB", field="tiling.ub")
+        return 1, cols[0]
 
     # ------------------------------------------------------------------ the tile's stages (one AIV)
     @stage
@@ -414,7 +436,7 @@ class Rope(Tiled):
     chain of per-head copies, timed here as the half kernel's (estimate: same count of short copies)."""
 
     name: ClassVar[str] = "rope"
-    options: ClassVar[tuple[str, ...]] = ("layout", "buffering", "head_loop", "tile_tokens")
+    options: ClassVar[tuple[str, ...]] = ("layout", "buffering", "head_loop", "tile_tokens", "tile_cols")
     tokens: int
     heads: int = 1
     dim: int = 64
@@ -579,7 +601,7 @@ class Quantise(Tiled):
     in int8 / fp8 / mxfp8 / mxfp4 and scales [rows, elements/block] (amax / max of the format; MX: power of two)."""
 
     name: ClassVar[str] = "quantise"
-    options: ClassVar[tuple[str, ...]] = ("dtype", "block", "buffering", "tile_tokens")
+    options: ClassVar[tuple[str, ...]] = ("dtype", "block", "buffering", "tile_tokens", "tile_cols")
     rows: int
     elements: int
     dtype: str = "int8"
@@ -703,7 +725,7 @@ class MoePermute(Tiled):
     a hidden-wide row), nor the smooth-quant scale of init_routing (one multiply per element)."""
 
     name: ClassVar[str] = "moe_permute"
-    options: ClassVar[tuple[str, ...]] = ("dtype", "out_dtype", "tile_tokens")
+    options: ClassVar[tuple[str, ...]] = ("dtype", "out_dtype", "tile_tokens", "tile_cols")
     rows: int
     hidden: int = 7168
     dtype: str = "bf16"
@@ -808,7 +830,7 @@ class Sinkhorn(Tiled):
     by column sums + eps, then `iters` - 1 times rows then columns -> the same layout with H_res doubly stochastic."""
 
     name: ClassVar[str] = "sinkhorn"
-    options: ClassVar[tuple[str, ...]] = ("eps", "buffering", "tile_tokens")
+    options: ClassVar[tuple[str, ...]] = ("eps", "buffering", "tile_tokens", "tile_cols")
     rows: int
     streams: int = 4
     iters: int = 20
