@@ -72,10 +72,11 @@ Faster is not always sooner (a modelling limit)
 -----------------------------------------------
 The shared servers are fair, not critical-path aware: a faster unit can start a transfer earlier, where it takes
 bandwidth from one on the critical path, so a fixed trace can end later on a faster chip. Seen (issue 15's census,
-benchmarks/monotonicity_census.py): mHC post on a 910B2 with twice the vector rate 155 -> 179 us (its stores now
-overlap the next tile's loads and HBM idles between the bursts), a 4096 x 1536 x 1536 GEMM on a 910C die 78.09 ->
-78.29 us from 1.2 times the L2 bandwidth on, RoPE with twice the vector rate +1-3 %. The tilings never make this
-worse (npusim.engine.tune: a larger resource never picks a slower tiling), but a rate's what-if can show it.
+benchmarks/monotonicity_census.py, 32 of 3,393 checks, every one a rate): mHC post 4096 tokens on a 910B2 with twice
+the vector rate 146.7 -> 157.7 us (its stores now overlap the next tile's loads and HBM idles between the bursts),
+the W8A8 quant matmul 256 x 1536 x 24576 on a 910B2 with twice the cube rate 64.8 -> 68.9 us, RoPE 2048 tokens x 129
+heads on a 910C die with twice the vector rate 63.6 -> 65.4 us, each the same tiling. The tilings never make this
+worse for a buffer (npusim.engine.tune), but a rate's what-if can show it.
 """
 
 from __future__ import annotations
