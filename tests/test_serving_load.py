@@ -1,5 +1,8 @@
 """Load generation for the serving simulation: trace files, length distributions, arrival processes, figures."""
 
+import io
+import sys
+
 import numpy as np
 import pytest
 
@@ -107,10 +110,22 @@ def test_a_rate_sweep_shows_the_knee(tmp_path):
     assert (tmp_path / "sweep.png").stat().st_size > 10000
 
 
-def test_progress_is_one_stderr_line(capsys):
-    simulate(Deployment(), OpenLoop(5.0, Fixed(200), Fixed(5)), MODEL, seed=0, requests=200, progress=True)
-    err = capsys.readouterr().err
-    assert "serving: 200/200 requests done" in err and err.endswith("\n") and err.count("\n") == 1
+def test_progress_shows_on_a_terminal_only(capsys, monkeypatch):
+    """A tqdm bar on a terminal's stderr, cleared when the run ends; nothing at all on a pipe (captured output holds
+    only results)."""
+    load = OpenLoop(5.0, Fixed(200), Fixed(5))
+    simulate(Deployment(), load, MODEL, seed=0, requests=200, progress=True)
+    assert capsys.readouterr().err == ""
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    simulate(Deployment(), load, MODEL, seed=0, requests=200, progress=True)
+    shown = term.getvalue()
+    assert "serving:" in shown and "/200" in shown and shown.endswith("\r") and "\n" not in shown
 
 
 def test_the_knee_uses_the_whole_slo():
