@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from npusim.cli.common import add_format, add_set, emit, parse_overrides
+from npusim.engine.tune import tuned
 from npusim.errors import NpusimError, as_written
 from npusim.kernels import catalog
 from npusim.kernels.base import Kernel, capacity
@@ -88,6 +89,10 @@ def _keys(cls) -> list[str]:
 
 def run_show(args) -> None:
     kern, chip = load_kernel(args)
+    try:
+        kern = tuned(kern, chip, "device").kernel  # the tiling `kernel sim` and a prediction run
+    except NpusimError:
+        pass  # no candidate runs: show the tiler's own, and below say by how much it overflows
     trace = kern.build(chip)
     cap = capacity(chip)
     roof = kern.roofline(chip)
