@@ -79,7 +79,9 @@ def test_cli_plan_writes_a_plan_predict_accepts(cli, tmp_path):
 @pytest.mark.parametrize("args, needle", [(("--slo", "ttft=2s"), "--slo"),
                                           (("--hw", "nope"), "unknown system"),
                                           (("--max-chips", "4"), "--max-chips"),
-                                          (("--mtp", "2"), "--mtp"), (("--ranks", "x"), "--ranks")])
+                                          (("--mtp", "2"), "--mtp"), (("--ranks", "x"), "--ranks"),
+                                          (("--ranks", "32", "--mtp", "0", "--slo", "ttft=1000s,tpot=1000s", "--out",
+                                            "/nonexistent-dir/p.yaml"), "--out")])
 def test_cli_plan_bad_input_is_one_sentence(cli, args, needle):
     r = cli("plan", "--input", "1024", "--output", "64", *args)
     assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr

@@ -193,7 +193,10 @@ def _figure(directory: str, frame: pd.DataFrame, mixed: tuple | None) -> Path:
     from npusim.results.report import frontier_figure
 
     path = Path(directory) / "frontier.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise NpusimError(f"cannot make the directory '{directory}' ({exc.strerror})", field="--figures") from None
     fig = frontier_figure(frame, mixed[0] if mixed else None, mixed[1] if mixed else "")
     fig.savefig(path, dpi=120, bbox_inches="tight")
     import matplotlib.pyplot as plt

@@ -472,5 +472,8 @@ def write_plan(result: SearchResult, path: str | Path) -> Path:
     path = Path(path)
     header = "# Written by npusim plan. Reproduce its prediction (and confirm it under the load) with:\n" + \
         "".join(f"#   {cmd}\n" for cmd in commands(result, path))
-    path.write_text(header + yaml.safe_dump(doc, sort_keys=False))
+    try:
+        path.write_text(header + yaml.safe_dump(doc, sort_keys=False))
+    except OSError as exc:
+        raise NpusimError(f"cannot write the plan file '{path}' ({exc.strerror})", field="--out") from None
     return path
