@@ -14,6 +14,7 @@ Sized for CI (`.ci/run`): EXAMPLES cases per property. `python benchmarks/fuzz.p
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import tempfile
@@ -299,6 +300,33 @@ def test_fuzz_every_cli_option(data):
     with contextlib.chdir(WORKDIR):  # whatever an option writes lands here
         r = run(*base, opt, value)
     assert r.returncode in (0, 1, 2) and "Traceback" not in r.stderr
+    if r.returncode == 2:
+        assert_refused(r)
+
+
+def _kernel_dims():
+    from npusim.kernels import catalog
+    from npusim.kernels.base import KERNELS
+    catalog.names()  # registers every kernel
+    return {name: [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING and f.type == "int"]
+            for name, cls in sorted(KERNELS.items())}
+
+
+KERNEL_DIMS = _kernel_dims()
+SIZES = st.one_of(st.sampled_from([0, 1, 2, 3, 7, 15, 16, 17, 127, 128, 129, 1000, 4096]), st.integers(-3, 5000))
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_kernel_shapes(data):
+    """Every kernel's required dimensions at edge and random sizes (zero and negative included), shown or simulated
+    on three chips: a tiling and time, or a refusal in one sentence (--shape, or the buffer a shape overflows)."""
+    name = data.draw(st.sampled_from(sorted(KERNEL_DIMS)), label="kernel")
+    shape = ",".join(f"{k}={data.draw(SIZES, label=k)}" for k in KERNEL_DIMS[name])
+    command = data.draw(st.sampled_from(["show", "sim"]), label="command")
+    hw = data.draw(st.sampled_from(["910b2", "910c-die", "950dt"]), label="hw")
+    r = run("kernel", command, name, "--hw", hw, "--shape", shape)
+    assert r.returncode in (0, 2), r.stderr
     if r.returncode == 2:
         assert_refused(r)
 

@@ -263,6 +263,8 @@ SERVE = ("serve", "--requests", "2", "--input", "128", "--output", "4")
     ((*SERVE, "--concurrency", "0"), ["--concurrency:", "at least 1"]),
     ((*SERVE, "--rate", "1", "--prefix-hit", "2"), ["--prefix-hit:"]),
     (("plan", "--rate", "nan"), ["argument --rate"]),
+    (("kernel", "verify", "rowwise", "--shape", "rows=8,cols=64", "--seed", "-1"), ["argument --seed"]),
+    ((*SERVE, "--rate", "1", "--seed", "-1"), ["argument --seed"]),
     (("kernel", "verify", "rowwise", "--shape", "rows=8,cols=nan"), ["--shape:", "whole numbers"]),
     (("kernel", "sim", "gemm", "--shape", "m=1.5,n=128,k=128"), ["--shape:", "'m=1.5' is not a whole number"]),
     (("kernel", "show", "flash_attention", "--shape", "tokens=128,keys=128,scale=nan"), ["--shape:", "finite"]),

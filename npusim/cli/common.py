@@ -24,6 +24,17 @@ def finite(text: str) -> float:
 finite.__name__ = "finite number"  # argparse's message: "argument --rate: invalid finite number value: 'inf'"
 
 
+def seed(text: str) -> int:
+    """argparse type of a --seed: a whole number >= 0 (what NumPy's generators take)."""
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
+seed.__name__ = "seed (a whole number >= 0)"
+
+
 def add_format(parser) -> None:
     parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
 

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pandas as pd
 
-from npusim.cli.common import add_format, add_set, emit, parse_overrides
+from npusim.cli.common import add_format, add_set, emit, parse_overrides, seed
 from npusim.engine.tune import tuned
 from npusim.errors import NpusimError, as_written
 from npusim.kernels import catalog
@@ -68,7 +68,7 @@ def register(sub) -> None:
     vp = ks.add_parser("verify", help="traced execution vs float64 reference: per dtype scheme the shape, tolerance, "
                                       "max abs / rel error and PASS / FAIL (exit 1 on FAIL)")
     add_kernel_args(vp, hw=False)
-    vp.add_argument("--seed", type=int, default=0)
+    vp.add_argument("--seed", type=seed, default=0)
     vp.set_defaults(run=shape_named(run_verify))
     p.set_defaults(run=lambda args: p.print_help())
 

@@ -46,7 +46,7 @@ def register(sub) -> None:
                    help=f"the SLO must hold at this percentile under the load (default {Traffic.percentile})")
     p.add_argument("--requests", type=int, default=Traffic.requests,
                    help=f"requests served per plan checked under the load (default {Traffic.requests})")
-    p.add_argument("--seed", type=int, default=Traffic.seed, help=f"random seed of the load (default {Traffic.seed})")
+    p.add_argument("--seed", type=common.seed, default=Traffic.seed, help=f"random seed of the load (default {Traffic.seed})")
     p.add_argument("--colocated", action="store_true",
                    help="also serve co-located (PD-mixed) deployments of the frontier's decode layouts in the "
                         "request-level simulation (closed loop, SLO at --percentile) and say whether co-located or "

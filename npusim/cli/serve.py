@@ -76,7 +76,7 @@ def register(sub) -> None:
     p.add_argument("--no-chunking", action="store_true", help="prefill long prompts whole instead of in budget chunks "
                                                               "(SGLang --chunked-prefill-size -1)")
     p.add_argument("--slo", help="latency limits, e.g. ttft=2s,tpot=30ms")
-    p.add_argument("--seed", type=int, default=0, help="random seed of arrivals, lengths and MTP draws (default 0)")
+    p.add_argument("--seed", type=common.seed, default=0, help="random seed of arrivals, lengths and MTP draws (default 0)")
     p.add_argument("--figures", metavar="DIR", help="write figures (latency CDFs and timeline, or the rate sweep)")
     common.add_set(p)
     common.add_format(p)
