@@ -15,7 +15,7 @@ ARGS = ["plan", "--hw", "cloudmatrix384", "--model", "deepseek-v3.2-exp", "--inp
 
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory):
-    from tests.conftest import run_cli
+    from conftest import run_cli
 
     d = tmp_path_factory.mktemp("colocated")
     r = run_cli(*ARGS, "--out", d / "p.yaml", "--format", "json")
@@ -78,7 +78,7 @@ def test_served_tpot_is_worse_than_the_same_decode_alone(planned):
 def test_a_prompt_alone_above_the_ttft_limit_is_not_served(tmp_path):
     """TTFT 0.25 s: a 2K prompt prefilled alone on any co-located layout takes longer (no context parallelism; the
     fastest, 64r DP8xTP8, 0.27 s), so none is served; the verdict says so, and --figures draws the frontier."""
-    from tests.conftest import run_cli
+    from conftest import run_cli
 
     args = [a if a != "ttft=2s,tpot=50ms" else "ttft=0.25s,tpot=50ms" for a in ARGS]
     r = run_cli(*args, "--out", tmp_path / "p.yaml", "--figures", tmp_path / "fig", "--format", "json")
