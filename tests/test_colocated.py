@@ -90,3 +90,17 @@ def test_a_prompt_alone_above_the_ttft_limit_is_not_served(tmp_path):
     assert "no co-located candidate" in out["verdict"] and "one prompt alone takes" in out["verdict"]
     png = tmp_path / "fig" / "frontier.png"
     assert png.exists() and png.stat().st_size > 10_000
+
+
+def test_the_colocated_chunk_is_sglangs_ascend_default():
+    """SGLang's set_default_server_args on NPU: 4096 tokens at <= 32 GiB (910B4), 8192 at <= 64 GiB (910B1-B3, a
+    910C die); the 950's 128 / 144 GiB fall to the GPU-memory rule's 8192. The planner takes it from the chip file."""
+    from npusim.planner.colocated import GiB, sglang_chunk
+    from npusim.spec.system import load_system
+
+    assert [sglang_chunk(g * GiB) for g in (32, 64, 144)] == [4096, 8192, 8192]
+    sizes = {hw: sglang_chunk(load_system(hw).chip_spec.hbm.capacity)
+             for hw in ("cloudmatrix384", "atlas-800-a2", "atlas-950-superpod")}
+    assert sizes == {"cloudmatrix384": 8192, "atlas-800-a2": 8192, "atlas-950-superpod": 8192}
+    small = load_system("atlas-800-a2", {"hbm.capacity": "32 GiB", "hbm.usable": "30 GiB"})  # a 910B4's HBM
+    assert sglang_chunk(small.chip_spec.hbm.capacity) == 4096

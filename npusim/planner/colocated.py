@@ -8,8 +8,8 @@ prompt; TTFT and TPOT are read at the SLO's percentile. The disaggregated recomm
 both sides of the verdict are served output tokens per second per chip at the SLO.
 
 Candidates are the decode layouts of the disaggregated frontier (the layouts that decode best), co-located on
-their own ranks and grown to the deployment's whole chip count, prefilling in chunks of `chunk` tokens per step (a
-choice, 8192 by default, not a measured figure). A co-located TPOT cannot beat the same decode alone (prefills only add
+their own ranks and grown to the deployment's whole chip count, prefilling in chunks of `chunk` tokens per step:
+SGLang's default `--chunked-prefill-size` on Ascend, which it sets from the NPU's memory (`sglang_chunk`). A co-located TPOT cannot beat the same decode alone (prefills only add
 to a step), so each layout starts at the batch its decode met TPOT with and serves fewer users until the served TTFT
 and TPOT meet the SLO: half as many, or at once the concurrency the run's completed request rate sustains when a
 queue built up (Little's law), then bisects twice between the users met and the fewest missed. The disaggregated
@@ -34,6 +34,22 @@ from npusim.errors import NpusimError
 from npusim.planner.space import Layout, plan_document
 from npusim.serving import ClosedLoop, Fixed, Slo
 from npusim.serving.predicted import ServedPlan
+from npusim.spec.system import load_system
+
+GiB = 2**30
+
+
+def sglang_chunk(hbm_capacity: float) -> int:
+    """SGLang's default `--chunked-prefill-size` on an NPU of this HBM capacity (bytes per device = per die).
+
+    sgl-project/sglang python/sglang/srt/hardware_backend/npu/utils.py `set_default_server_args` @ 019f01320e87
+    (read 2026-12-02): <= 32 GiB (910B4) 4096, <= 64 GiB (910B1-B3, the 910C's dies 910_93xx) 8192. Above 64 GiB
+    (the 950's 128 / 144 GiB) the NPU defaults leave it unset and server_args.py's GPU-memory rule applies, whose
+    80-160 GiB rows (H100 / H200) give 8192 as well. An older server_args.py set 32768 for "Atlas A2 and Atlas A3";
+    vLLM's own default token budget (`max_num_batched_tokens`, vllm/engine/arg_utils.py
+    EngineArgs.get_batch_defaults: 2048 for `vllm serve` under 70 GiB, 8192 above) also counts the decodes' tokens,
+    so it is not the same knob."""
+    return 4096 if hbm_capacity <= 32 * GiB else 8192
 
 
 @dataclass(frozen=True)
@@ -139,12 +155,16 @@ def _walk(serve, batch: int, slo: Slo, output: int) -> list[Mixed]:
 
 def compare_deployments(sc, slo: Slo, frontier, recommended, plan_file, *, percentile: str = "p99",
                         requests: int = 100, seed: int = 0, layouts: int = 2,
-                        chunk: int = 8192) -> tuple[list[Mixed], Mixed | None]:
+                        chunk: int | None = None) -> tuple[list[Mixed], Mixed | None]:
     """The co-located candidates tried (in order) and the disaggregated recommendation served the same way (the
     served run that meets the SLO, else the last tried). `chunk`: the co-located token budget per step (its chunked
-    prefill); the disaggregated prefill server takes one prompt per step."""
+    prefill; default: SGLang's on the system's NPU, `sglang_chunk`); the disaggregated prefill server takes one prompt
+    per step."""
     if recommended is None:
         return [], None
+    if chunk is None:
+        system = load_system(sc.hw, api.split_overrides(dict(sc.overrides))["hw"])
+        chunk = sglang_chunk(system.chip_spec.hbm.capacity)
     pre, dec = recommended.prefill.layout, recommended.decode.layout
     disagg_doc = plan_document(pre, dec)
     runs = _walk(lambda b: _serve(sc, disagg_doc, plan_file, f"prefill {pre.describe()} + decode {dec.describe()}",
