@@ -93,6 +93,7 @@ FITS: dict[str, tuple[str, ...]] = {
     "K135": ("overheads.task_dispatch (910b2 family, from the raw profile)",),
     "K136": ("overheads.task_dispatch (910b2 family, from the raw profile)",),
     "K138": ("aic.pipes.mte2.issue_cycles (910b2 family, a paged cache's per-page DMA, from the raw profile)",),
+    "K193": ("aiv.pipes.vector.issue_cycles (910b2 family, a PipeBarrier'd chain's further instruction)",),
     "K187": ("overheads.core_start (910b2 family)",), "K195": ("overheads.core_start (910b2 family)",),
     "K116": ("overheads.core_start (950pr)",),
     "K196": ("aiv.pipes.scalar ub>ub:fp8e4m3 route (910b2 family, derived from the row's profile)",),

@@ -41,14 +41,16 @@ READING = """Reading. Nothing here is calibrated to these rows.
   2048-column tiles; an element-wise kernel on A3 evidently reaches less. Below 128 tokens the measured times have a
   ~4-5 us floor (operator start, core scheduling); the device launch of the chip file (task dispatch 2.9 us + core
   start 3.4 us, kernels.md K135/K136/K187/K195) is above it for this op: HcPost at 8-32 tokens is predicted too slow.
-- HcPre is 3-5x slower measured than simulated. Its bytes need ~190 us at 4K tokens (roofline); the measured
-  1.25 ms is 0.29 us per token on the die, i.e. ~7 us per token on each core — far above the cast, fp32 GEMV,
-  20-iteration Sinkhorn and pre-sum this tiling issues per token. The guide itself says its prefill template runs
-  stage one (cast + GEMV) and stage two (mixes, Sinkhorn, pre-sum) serially and suggests splitting them over the
-  two vector cores; our trace runs them in order too, but its vector work is small (Sinkhorn vectorised over a
-  block's rows), so its time is the bytes. The per-token vector code of the measured operator is not published, so
-  that cost is not modelled: read these predictions as what the described tiling can reach, not as what CANN's
-  HcPre does today."""
+- HcPre: its bytes need ~190 us at 4K tokens (roofline); the measured 1.25 ms is ~14.6 us per row on each of the
+  48 vector cores. The operator's source (cann-recipes-infer ops/ascendc/src/hc_pre, hc_pre_m_k_split_core.h, the
+  A3 template) explains it: after the split-K GEMM and a SyncAll, each vector core walks its rows one at a time
+  (stage2RowFactor 1: x of one row at d = 4096 already fills UB) through ~260 dependent vector instructions (the K
+  partials' Adds, 1/rms, pre / post sigmoids, the row softmax and 19 Sinkhorn iterations on a 4 x 4 tile), each
+  behind a PipeBarrier, and copies each row's H_res partials of every K range one DMA at a time. npusim's trace
+  counts those chains (aiv.pipes.vector.issue_cycles, fitted on the RmsNorm row kernels.md K193, not on these rows)
+  and the copies (aiv.pipes.mte2.issue_cycles, fitted on K142): 16-128 tokens -4..-13 %, 4K-64K -18..-21 %. What is
+  left at 4K+ is not in the trace: the scalar's GM reads of hc_scale per row step (GetValue), the stage one / stage
+  two serialisation the guide describes (npusim's prefill blocks overlap the next block's GEMM)."""
 
 
 def shape(kernel: str, tokens: int) -> dict[str, int]:

@@ -145,6 +145,20 @@ def test_a_discrete_gather_is_bound_by_its_instruction_issue():
     assert gather(32, 84) < gather(32, 120)
 
 
+def test_a_barrier_chain_pays_each_further_vector_instruction():
+    """A vector op standing for a chain of n PipeBarrier'd instructions adds (n - 1) x issue_cycles to its work,
+    streaming or not; one instruction (issues=1) and a chip without the cost keep the unit's time; a slower issue is
+    never faster."""
+    def chain(issues: int, cycles: float) -> float:
+        chip = load_chip("910b2", {"aiv.pipes.vector.issue_cycles": cycles})
+        aiv = Program("aiv", (Loop(50, (Instr("vector", "reduce", bytes=4096.0, flops=2048.0, dtype="fp32", src="ub",
+                                              dst="ub", issues=issues),)),))
+        return simulate(Trace("c", "910b2", {}, (Group(None, (aiv,)),), 0.0, 0.0, {}), chip, launch="none").time
+    assert chain(1, 59) == pytest.approx(chain(12, 0)) == pytest.approx(chain(1, 0))
+    assert chain(12, 59) - chain(1, 59) == pytest.approx(50 * 11 * 59 / CHIP.clock, rel=1e-6)
+    assert chain(12, 59) < chain(12, 80)
+
+
 def test_cross_core_hand_off_costs_sync():
     def handoff(sync: str) -> float:
         chip = load_chip("910b2", {"overheads.cross_core_sync": sync})

@@ -51,6 +51,31 @@ def test_mhc_pre_decode_splits_k_prefill_streams_blocks(chip):
     assert not any(i.op == "sync_all" for _, i, _ in prefill.instructions())
 
 
+def test_mhc_pre_second_stage_walks_rows_in_barrier_chains(chip):
+    """The A3 HcPre's second stage (hc_pre_m_k_split_core.h): one row per step at d = 4096 (UB), ~360 dependent
+    vector instructions per row with 22 K partials, the Sinkhorn's 19 iterations of 11 each; its time grows with the
+    rows per vector core and with the chain cost, and the 950 (a register-based kernel) does not count them."""
+    pre = catalog.kernel("mhc_pre", {"tokens": 128})
+    assert pre.row_factor(chip, 22) == 1 and pre.mix_chain(1, 22) == 4 * 22 + 43 + 16
+    free = load_chip("910c-die", {"aiv.pipes.vector.issue_cycles": 0})
+    t = {n: simulate(catalog.kernel("mhc_pre", {"tokens": n}).trace(chip), chip, launch="device").time
+         for n in (16, 128)}
+    assert t[128] - t[16] > 15e-6  # 3 rows per vector core against 1: ~10 us a row (A3 HcPre 32.8 -> 60 us)
+    slack = simulate(pre.trace(free), free, launch="device").time
+    assert t[128] > slack + 15e-6
+    c310 = load_chip("950pr")
+    assert all(i.issues == 1 for _, i, _ in pre.trace(c310).instructions() if i.pipe == "vector")
+
+
+def test_rmsnorm_reduces_each_row_in_a_barrier_chain():
+    """CANN's RMSNorm on dav-c220: per row x^2, the halving Adds to one repeat (1536: a tail Add and 4), WholeReduceSum,
+    the scalar's read, scale, gamma, cast; one cast of the block in front."""
+    rms = catalog.kernel("rowwise", {"rows": 515, "dim": 1536, "block_rows": 1})
+    assert rms.chain(1) == 12 and rms.chain(4) == 1 + 4 * 11
+    assert catalog.kernel("rowwise", {"rows": 8, "dim": 4096, "dtype": "fp32"}).chain(1) == 6 + 6
+    assert catalog.kernel("rowwise", {"rows": 8, "dim": 1536, "op": "layernorm"}).chain(1) == 1
+
+
 def test_compressor_uses_the_a3_base_blocks_and_splits_d_at_decode(chip):
     csa = catalog.kernel("compressor", {"m": 4096, "k": 4096, "n": 2048, "ratio": 4, "overlap": 2}).trace(chip)
     hca = catalog.kernel("compressor", {"m": 4096, "k": 4096, "n": 1024, "ratio": 128, "overlap": 1}).trace(chip)

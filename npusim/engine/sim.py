@@ -24,6 +24,9 @@ Model
   per row or pair of rows) first spends the time the core takes to issue the instructions after the first
   (`issue_cycles` each: the scalar's index read, address arithmetic and the copy's issue; the first is in the
   start-up latency), less its uncontended transfer, which streams behind the issue; then it transfers.
+* Barrier chains: a VECTOR instruction that stands for `issues` instructions separated by PipeBarrier<PIPE_V> (the
+  short dependent steps of a per-row reduction, a 4x4 Sinkhorn) adds `issue_cycles` for each one after the first:
+  the barrier drains the pipeline and the scalar unit issues the next, a cost no streaming rate hides.
 * An instruction named "sync_all" is the all-core barrier (AscendC SyncAll): after its own work the runner waits
   until every runner holding a sync_all has reached one or ended, and every program without one has ended (the
   functional executor's rule; free streams, below, excepted), then raises its sets. Folded copies count as their number.
@@ -414,7 +417,9 @@ class Simulation:
                                       f"'{ins.dtype or '(none)'}' but {chip.name} has {ins.pipe} rates only for "
                                       f"{', '.join(table)}")
                 unit = max(unit, ins.flops / (table[ins.dtype] * clock))
-            work = unit / eff
+            # a chain of `issues` dependent instructions, each behind a PipeBarrier: every further one waits for the
+            # one before to leave the pipeline and is issued anew (`issue_cycles`), whatever its own work
+            work = unit / eff + (ins.issues - 1) * (spec.issue_cycles or 0.0) / clock
         elif ins.src == "gm":
             l2 = ins.bytes * ins.hit
             hbm = ins.bytes - l2

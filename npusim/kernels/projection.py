@@ -369,6 +369,10 @@ class Projected(Kernel):
         """This AIV on `rows` rows from r0: the GEMM result c ([rows, cols] or `parts` K partials side by side)."""
         raise NotImplementedError
 
+    def c_copies(self, chip: Chip, rows: int, parts: int) -> int:
+        """DMA instructions that bring `rows` rows of the K partials into UB (one strided copy by default)."""
+        return 1
+
     @stage
     def load_c(self, v: Code, q: Queues, rows: int, c: Ref, parts: int, source: str) -> None:
         """The GEMM rows into ub.c (K partials summed), after the cube's hand-off in the streaming form."""
@@ -377,7 +381,8 @@ class Projected(Kernel):
         if stream:
             v.deque(q.c)
         v.op("mte2", "load_c", Act("load", Ref("ub.cp", (0, 0), (rows, N * parts)), (c,), "fp32"),
-             bytes=4.0 * rows * N * parts, dtype="fp32", src="gm", dst="ub", hit=1.0)
+             bytes=4.0 * rows * N * parts, dtype="fp32", src="gm", dst="ub", hit=1.0,
+             issues=self.c_copies(v.prog.chip, rows, parts) if source == "part" else 1)
         v.enque(q.inq)
         if stream:
             v.free(q.c)
@@ -472,6 +477,45 @@ class MhcPre(Projected):
             + 2 * nbytes("bf16", rows, 512)
         return max(cast, epi)
 
+    @staticmethod
+    def stepwise(chip: Chip) -> bool:
+        """The second stage walks rows in steps of small dependent instructions: the A2/A3 HcPre
+        (hc_pre_m_k_split_core.h). The 950's (hc_pre_m_k_split_core_arch35.h) copies the partials with one loop-mode
+        DMA and computes in register-based vector functions: not counted (one instruction per op)."""
+        return chip.arch == "dav-c220"
+
+    def row_factor(self, chip: Chip, parts: int) -> int:
+        """Rows per step of the A3 HcPre's second stage (hc_pre_tiling.cpp, CalcMKSplitCoreMembasePart2Tiling): as
+        many as fit UB with d whole — per row x (bf16, double-buffered) and its fp32 copy, y likewise, and the K
+        partials of the mixes and squares (small terms rounded up); one row when even that does not fit (d split)."""
+        n, d = self.streams, self.hidden
+        per_row = 8 * n * d + 8 * d + (256 + 64 * n) * parts + 64 * (n + 2)
+        return max(1, int(chip.aiv.buffers.ub - 1024) // per_row)
+
+    def groups(self, rows: int, rf: int) -> list[int]:
+        """The row steps of `rows` rows, rf at a time (the last one short)."""
+        return [min(rf, rows - g) for g in range(0, rows, rf)]
+
+    def mix_chain(self, r: int, parts: int) -> int:
+        """Dependent vector instructions of one row step of r rows before the Sinkhorn iterations (hc_pre_m_k_split_core.h
+        Part2 with hc_pre_base.h's helpers, each behind a PipeBarrier<PIPE_V>): the K partials of the squares
+        (a DataCopy + K-1 Adds) and the 1/rms (GatherMask, Muls, Adds, Sqrt, Duplicate, Div), the partials of pre and
+        post (a DataCopy + 2(K-1) Adds), pre and post (Brcb, Mul, Muls, Add, the sigmoid's Duplicate, Muls, Exp,
+        Adds, Div, the final Adds / Muls), the partials of H_res (a DataCopy + K-1 Adds), its scale, base and
+        row softmax (ReduceMax, Brcb, Sub, Exp, ReduceSum, Brcb, Div, Adds) and the first column normalisation
+        (DataCopy + 3r Adds, Adds, r Divs), and the pre-sum y of the step (4r casts, Brcb, 4r Muls, DataCopy, 3r Adds,
+        r casts). mix = streams (the head's pre only): squares, pre and the pre-sum."""
+        if not self.full:
+            return (parts + 7) + parts + 11 + (12 * r + 2)
+        return (parts + 7) + (2 * parts - 1) + 11 + 10 + (parts + 14 + 4 * r) + (12 * r + 2)
+
+    def c_copies(self, chip: Chip, rows: int, parts: int) -> int:
+        """Part2 copies each row's H_res partials of every K range on its own (a 4 x 4 tile per DataCopyPad), the pre
+        and post partials one copy per K range, the squares in one: per row step K(r + 2) + 1 instructions."""
+        if not self.stepwise(chip):
+            return 1
+        return sum(parts * (r + 2) + 1 for r in self.groups(rows, self.row_factor(chip, parts)))
+
     def epilogue(self, v: Code, q: Queues, p: Plan, r0: Lin, rows: int, c: Ref, parts: int, source: str) -> None:
         self.load_c(v, q, rows, c, parts, source)
         self.mixes(v, p, r0, rows, source)
@@ -492,20 +536,26 @@ class MhcPre(Projected):
             v.op("vector", "sum_ss", Act("sum_parts", Ref("ub.ss", (0, 0), (rows, 1)), (ssp,), "fp32",
                                          (("parts", p.ksplit),)),
                  flops=1.0 * rows * p.ksplit, bytes=4.0 * rows * p.ksplit, dtype="fp32", src="ub", dst="ub")
+        parts = p.ksplit if source == "part" else 1
+        steps, stepwise = self.groups(rows, self.row_factor(v.prog.chip, parts)), self.stepwise(v.prog.chip)
         hc = Ref("ub.hc", (0, 0), (1, 3 + mix))
         v.op("mte2", "load_hc", Act("load", hc, (Ref("hc", (0, 0), (1, 3 + mix)),), "fp32"), bytes=4.0 * (3 + mix),
              dtype="fp32", src="gm", dst="ub", hit=1.0)
         v.op("vector", "hc_mix", Act("hc_mix", m, (Ref("ub.c", (0, 0), (rows, mix)), Ref("ub.ss", (0, 0), (rows, 1)),
                                                   hc), "fp32", (("streams", n), ("dim", n * d)) + self.eps_args()),
              flops=rows * (SIGMOID_FLOPS * mix + 6.0 * n * n), bytes=4.0 * rows * mix, dtype="fp32", src="ub",
-             dst="ub")
+             dst="ub", issues=sum(self.mix_chain(r, parts) for r in steps) if stepwise else 1)
         if self.full and self.sinkhorn_iters > 1:
+            # per row step and iteration: WholeReduceSum, Adds, Brcb, Div over the rows; a DataCopy, 3r Adds, Adds
+            # and r Divs over the columns (hc_pre_m_k_split_core.h's Sinkhorn loop)
+            chain = {"rows": 4 * len(steps), "cols": sum(2 + 4 * r for r in steps)} if stepwise else \
+                {"rows": 1, "cols": 1}
             with v.loop(self.sinkhorn_iters - 1):
                 for axis in ("rows", "cols"):
                     v.op("vector", f"sinkhorn_{axis}", Act("sinkhorn", m, (m,), "fp32",
                                                            (("streams", n), ("axis", axis)) + self.hc_eps_args()),
                          flops=SINKHORN_FLOPS * rows * n * n, bytes=4.0 * rows * n * n, dtype="fp32", src="ub",
-                         dst="ub")
+                         dst="ub", issues=chain[axis])
 
     @stage
     def presum(self, v: Code, q: Queues, r0: Lin, rows: int, c0: int, kc: int) -> None:

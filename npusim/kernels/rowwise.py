@@ -5,6 +5,12 @@ pass, MTE3 UB->GM, double-buffered in UB (the tuner times a few block counts: th
 parameterised by the row op: the op's FLOPs per element and its functional meaning are all that differ. The weight
 (and LayerNorm bias) row is read by the vector pass where it lies; UB holds the fp32 working copies of a block.
 
+Barrier chains: CANN's RMSNorm (ops-nn norm/rms_norm, the NORMAL and MERGE_N templates on dav-c220) reduces each
+row on its own: x^2, a halving tree of Adds down to one 64-lane repeat, WholeReduceSum, the sum read by the scalar
+unit (a V->S->V hand-off) for 1/sqrt, then scale, gamma and the cast out, every step behind a PipeBarrier<PIPE_V>.
+The vector pass of a block stands for that chain (`chain`): the engine charges the vector pipe's `issue_cycles` for
+each instruction after the first. LayerNorm's chain is not counted (no source read): one instruction per block.
+
 Written on the tile-program layer (npusim.kernels.program): a block's rows go through two UB queues (in: MTE2 ->
 vector, out: vector -> MTE3) between the stages copy_in / compute / copy_out; a plan's `buffering` is their depth.
 """
@@ -63,6 +69,16 @@ class RowWise(Kernel):
         share, fewest = self.fewest(chip)
         return tuple(replace(self, block_rows=br) for br in even_tiles(share, fewest, 2 * nbytes(self.dtype, self.dim)))
 
+    def chain(self, br: int) -> int:
+        """Dependent vector instructions of a block of br rows (RMSNorm, ops-nn rms_norm.h / rms_norm_merge_n.h): the
+        block's cast to fp32, then per row x^2, the halving Adds (a tail Add when dim is not a power of two),
+        WholeReduceSum, the scalar's read of the sum, the scale by rstd, gamma and the cast out."""
+        if self.op != "rmsnorm":
+            return 1
+        pow2 = 1 << (self.dim.bit_length() - 1)
+        halvings = (pow2 != self.dim) + max(0, (pow2 // 64).bit_length() - 1)
+        return (self.dtype != "fp32") + br * (halvings + 6)
+
     def rows_at(self, name: str, br: int) -> Ref:
         return Ref(name, (lin(("blk", br)), 0), (br, self.dim), (self.rows, self.dim))
 
@@ -81,7 +97,8 @@ class RowWise(Kernel):
         v.alloc(outq)
         v.op("vector", self.op, Act(self.op, Ref("ub.y", (0, 0), (br, self.dim)),
                                     (Ref("ub.x", (0, 0), (br, self.dim)), Ref("p", (0, 0), (-1, -1))), self.dtype),
-             flops=ROW_OPS[self.op] * br * self.dim, bytes=4.0 * self.dim * br, dtype="fp32", src="ub", dst="ub")
+             flops=ROW_OPS[self.op] * br * self.dim, bytes=4.0 * self.dim * br, dtype="fp32", src="ub", dst="ub",
+             issues=self.chain(br))
         v.free(inq)
         v.enque(outq)
 

@@ -31,7 +31,8 @@ class Instr:
     bytes: data moved (MTE*/FIXPIPE) or streamed through the unit (VECTOR); flops: arithmetic (CUBE/VECTOR);
     hit: fraction of a GM read served by L2 instead of HBM (the tiler knows the reuse across cores);
     issues: the DMA instructions the core issues one after another for this transfer (a gather of discrete rows
-    issues one per row or pair of rows; 1 for a contiguous tile);
+    issues one per row or pair of rows; 1 for a contiguous tile) or, on VECTOR, the instructions of a chain each
+    behind a PipeBarrier that this one stands for (1: one instruction, or a stream the pipe overlaps);
     action: the functional meaning (what arrays it reads and writes), opaque to the engine.
     """
 

@@ -30,8 +30,9 @@ class Pipe:
     bytes_per_cycle: float = quantity("number", doc="sustained data rate of the pipe per core")
     latency_cycles: float = quantity("number", minimum=0.0, strict=False, doc="fixed start-up cost per instruction")
     issue_cycles: float | None = quantity("number", default=None, minimum=0.0, strict=False,
-                                          doc="cycles to issue each further DMA instruction of a discrete gather "
-                                              "(none: the pipe issues no gathers)")
+                                          doc="cycles to issue each further DMA instruction of a discrete gather, "
+                                              "or on the vector pipe each further instruction of a PipeBarrier'd "
+                                              "chain (none: not modelled on this pipe)")
     routes: dict[str, float] = table(quantity("number"), default={},
                                      doc="per source>destination rate where it differs; hbm>DST: the part of a GM "
                                          "read that misses L2 (one core's DMA stream waiting on HBM latency)")
