@@ -126,7 +126,8 @@ def _attention(model: ModelConfig, layer: int, acc: dict[str, float]) -> float:
             return quantised + plain
         return 0.0
     nope, v, kvl = model.qk_nope_head_dim, model.v_head_dim, model.kv_lora_rank
-    _add(acc, "attention", h * ql + ql * nh * (nope + rope) + h * (kvl + rope) + kvl * nh * (nope + v) + nh * v * h)
+    _add(acc, "attention", h * ql + ql * nh * (nope + rope) + h * (kvl + rope) + nh * v * h)
+    _add(acc, "kv_b", kvl * nh * (nope + v))
     _add(acc, UNQUANTISED, kvl)
     if not model.has_indexer:
         return 0.0

@@ -58,8 +58,8 @@ class _Layers:
         if mha:
             ops += self.mha_prefill()
         else:
-            ops += [self.linear("q_absorb", nope, kvl, "attention", batch=nh), self.mla_attention(),
-                    self.linear("o_absorb", kvl, v, "attention", batch=nh)]
+            ops += [self.linear("q_absorb", nope, kvl, "kv_b", batch=nh), self.mla_attention(),
+                    self.linear("o_absorb", kvl, v, "kv_b", batch=nh)]
         return ops + [self.linear("o_proj", nh * v, h, "attention")]
 
     def dsa_indexer(self, select: bool) -> list[Op]:
@@ -154,7 +154,7 @@ class _Layers:
                   dtypes={"q": BF16.dtype, "kv": BF16.dtype, "out": BF16.dtype}, flops=2.0 * pairs * nh * (d_qk + v),
                   bytes_read=BF16.bytes_for(t * nh * d_qk + keys * nh * (d_qk + v)),
                   bytes_written=BF16.bytes_for(t * nh * v))
-        return [self.linear("kv_b_proj", m.kv_lora_rank, nh * (nope + v), "attention", m=keys), attn]
+        return [self.linear("kv_b_proj", m.kv_lora_rank, nh * (nope + v), "kv_b", m=keys), attn]
 
     # ------------------------------------------------------------------ FFN (both families)
     def ffn(self, layer: int) -> list[Op]:

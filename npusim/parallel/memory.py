@@ -62,6 +62,7 @@ def weight_bytes(model: ModelConfig, plan: Plan, phase: str, quant: QuantScheme)
     o_proj = _o_proj_params(model)
     share = {
         "attention": None,  # split below: o_proj over its group, the rest by attention TP
+        "kv_b": 1.0 / inst.attention.tp,  # by heads, as the rest of attention
         "indexer": 1.0,  # replicated over attention TP (SGLang / vLLM Indexer)
         "routed_experts": local_experts / model.n_routed_experts / inst.moe.tp,
         "shared_experts": 1.0 / inst.moe.tp,

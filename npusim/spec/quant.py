@@ -47,7 +47,13 @@ INT8_HEAD = Storage(dtype="int8", scale_bytes=2.0, block=128)  # Ascend C8 index
 MXFP8 = Storage(dtype="mxfp8", scale_bytes=1.0, block=32)  # OCP MX: e8m0 per 32
 MXFP4 = Storage(dtype="mxfp4", scale_bytes=1.0, block=32)
 FP8_KV_V4 = Storage(dtype="fp8", scale_bytes=1.0, block=64)  # GUESS: V4 QAT simulates fp8 nope, block 64, ue8m0
-WEIGHT_CLASSES = ("attention", "indexer", "routed_experts", "shared_experts", "dense_ffn", "lm_head", "embedding")
+WEIGHT_CLASSES = ("attention", "kv_b", "indexer", "routed_experts", "shared_experts", "dense_ffn", "lm_head", "embedding")
+# kv_b: MLA's key/value up-projection (kv_b_proj, and its absorbed halves q_absorb / o_absorb). Ascend's INT8
+# checkpoints leave it BF16: cann-recipes-infer models/deepseek_r1/utils/convert_model.py:108 and
+# models/deepseek_v3_2_exp/utils/convert_model.py:176 put self_attn.kv_b_proj on the quantisation ignore list, and the
+# R1 prefill multiplies by its split BF16 halves with torch.matmul (models/deepseek_r1/models/modeling_deepseek.py
+# :1061-1062). The FP8 / MX presets keep the checkpoint's own format.
+ASCEND_INT8_KV_B = BF16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +67,7 @@ class QuantScheme:
     name: str
     description: str
     attention: Storage
+    kv_b: Storage
     indexer: Storage
     routed_experts: Storage
     shared_experts: Storage
@@ -81,7 +88,8 @@ class QuantScheme:
 
 def _scheme(name: str, description: str, *, linear: Storage, activation: Storage, kv: Storage, index: Storage,
             experts: Storage | None = None) -> QuantScheme:
-    return QuantScheme(name=name, description=description, attention=linear, indexer=linear,
+    kv_b = ASCEND_INT8_KV_B if linear.dtype == "int8" else linear
+    return QuantScheme(name=name, description=description, attention=linear, kv_b=kv_b, indexer=linear,
                        routed_experts=experts or linear, shared_experts=linear, dense_ffn=linear,
                        activation=activation, kv_cache=kv, indexer_cache=index)
 
@@ -90,7 +98,7 @@ PRESETS: dict[str, QuantScheme] = {
     q.name: q
     for q in (
         _scheme("bf16", "all BF16; caches BF16 (C16)", linear=BF16, activation=BF16, kv=BF16, index=BF16),
-        _scheme("w8a8", "INT8 linears (per-channel), INT8 per-token activations; caches BF16",
+        _scheme("w8a8", "INT8 linears (per-channel; MLA's kv_b BF16), INT8 per-token activations; caches BF16",
                 linear=INT8_CHANNEL, activation=INT8_TOKEN, kv=BF16, index=BF16),
         _scheme("w8a8c8", "W8A8 plus INT8 latent KV cache and INT8 indexer cache (Ascend C8)",
                 linear=INT8_CHANNEL, activation=INT8_TOKEN, kv=INT8_TOKEN, index=INT8_HEAD),
