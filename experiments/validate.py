@@ -6,7 +6,8 @@ Rows come from shared/reference/published.md (A15-A23) and the cann-recipes tabl
 oos = OUT OF SAMPLE: a published deployment outside the calibration set (SGLang's Ascend best-practice runs,
 CloudMatrix-Infer's R1 decode and prefill), never
 used to fit anything, reported in its own section with its source. No parameter is fitted per row; errors are
-reported as they come, good or bad.
+reported as they come, good or bad. The outlier decode rows are taken apart op by op in
+experiments/decode_outliers.py (results/decode_outliers.md).
 """
 
 from __future__ import annotations
@@ -101,7 +102,8 @@ SGLANG = ("sgl-project/sglang docs/platforms/ascend_npu_best_practice.md: TPOT /
 
 CMI = ("arXiv 2506.12708 (CloudMatrix-Infer, Zuo et al. 2025), abstract and decode / prefill evaluation: DeepSeek-R1 "
        "INT8, decode EP320 at 1,943 tokens/s per NPU with TPOT < 50 ms (96 sequences per NPU: 96 / 1,943 = 49.4 ms) and "
-       "538 tokens/s per NPU under 15 ms (taken as 8 per NPU: 538 x 0.015 = 8.1), prefill 6,688 tokens/s per NPU; "
+       "538 tokens/s per NPU under 15 ms (8 per NPU: 538 x 0.015 = 8.1; a secondary restatement of the paper's decode "
+       "results says the batch is cut from 96 to 8 per NPU for that SLO), prefill 6,688 tokens/s per NPU; "
        "decode as two microbatches on 16 + 8 AIC. "
        "Not stated there, taken from A16 / A15 (estimate): MTP1 accepting 0.7, 4K context, prefill as A15's 64 x 4K "
        "on 32 dies with two microbatches; the shared and redundant experts' own dies are 64 redundant routed experts")
