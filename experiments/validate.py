@@ -56,6 +56,12 @@ class Row:
 V32, V31, FLASH, PRO = "deepseek-v3.2-exp", "deepseek-v3.1", "deepseek-v4-flash", "deepseek-v4-pro"
 CM, POD = "cloudmatrix384", "atlas-950-superpod"
 NO_MB = {"plan.streams.two_microbatch": "false", "plan.prefill.microbatches": "1"}
+# A17's "Prefill 64卡 + Decode 64卡" (cann-recipes-infer @ 8dd3a3b, the 0-day text of the BF16 claim:
+# docs/models/deepseek-v3.2-exp/deepseek_v3.2_exp_inference_guide.md line 16): its decode config is world_size 128 = 64 chips
+# (deepseek_v3.2_exp_rank_128_128ep_decode.yaml, "world_size = 2 * chip_num in A3"), so 卡 counts chips, and the guide
+# sizes prefill at 4-8 nodes of 8 chips; the shipped prefill yaml (world_size 64, cp_size = world_size) is the 4-node
+# 64K example (input_max_len 65536). Both prefill readings are rows: CP64 on 32 chips, CP128 on 64 chips.
+CP128 = {"plan.prefill.ranks": "128", "plan.prefill.attention.cp": "128", "plan.prefill.moe.ep": "128"}
 ROWS = [
     Row("A15", "R1 W8A8 prefill, 32 ranks, 64 x 4K, no microbatch", "prefill", 3.128, "doc", CM, V31,
         "r1-a3-prefill-a15", "w8a8", prefill_batch=64, overrides=NO_MB),
@@ -63,8 +69,10 @@ ROWS = [
         "r1-a3-prefill-a15", "w8a8", prefill_batch=64),
     Row("A16", "R1 W8A8C8 decode, 128 ranks, batch 6144, MTP1", "tpot", 0.0449, "doc", CM, V31, "r1-a3-decode-a16",
         "w8a8c8", batch=6144, context=4096),
-    Row("A17", "V3.2 BF16 TTFT at 128K, prefill CP64", "ttft", 2.0, "bound", CM, V32, "v32-a3-pd-a17", "bf16",
-        input=131072),
+    Row("A17", "V3.2 BF16 TTFT at 128K, prefill CP64 (the shipped 32-chip prefill yaml)", "ttft", 2.0, "bound", CM,
+        V32, "v32-a3-pd-a17", "bf16", input=131072),
+    Row("A17", "V3.2 BF16 TTFT at 128K, prefill CP128 ('Prefill 64卡' as 64 chips)", "ttft", 2.0, "bound", CM, V32,
+        "v32-a3-pd-a17", "bf16", input=131072, overrides=CP128),
     # The BF16 decode benchmark config runs MTP1 (next_n: 1 in cann-recipes models/deepseek_v3_2_exp/config/
     # deepseek_v3.2_exp_rank_128_128ep_decode_benchmark.yaml); its acceptance is not published for V3.2 (estimate:
     # 0.7, the MTP1 acceptance of A16 and A23).
