@@ -35,6 +35,7 @@ from npusim.kernels.rowwise import ROW_OPS as ROWWISE_OPS
 from npusim.kernels.trace import Instr, Loop, Node, Program, Trace
 from npusim.spec.chip import Chip
 from npusim.spec.plan import KernelOptions
+from npusim.spec.reads import ReadsMemo
 
 GEMM_SCHEMES = {"bf16": "bf16", "fp16": "fp16", "int8": "int8", "int4": "int8", "fp8": "fp8", "mxfp8": "mxfp8",
                 "mxfp4": "mxfp4"}  # int4 weights run the int8 cube path (Ascend W4A8 unpacks to int8)
@@ -199,6 +200,12 @@ def op_time(op: Op, chip: Chip, run: OpRun | str = "graph") -> OpTime:
     return dataclasses.replace(hit, op=op.name)
 
 
+def clear_memos() -> None:
+    """Forget the in-process op times and tile traces (the disk cache stays)."""
+    _memo.clear()
+    _traces.clear()
+
+
 def partition(chip: Chip, aic: int) -> Chip:
     """The chip as a kernel on a partition of `aic` cube cores sees it: that many AIC with their AIVs, and the
     chip's whole HBM and L2, which the partition's cores draw on at their own DMA rates (hbm>l1: one core cannot
@@ -219,10 +226,18 @@ def partition(chip: Chip, aic: int) -> Chip:
 ACTIVATION_INPUT = {"gemm": "a", "grouped_gemm": "a", "quant_matmul": "a", "rowwise": "x"}
 
 
+_traces = ReadsMemo()
+
+
 def kernel_trace(k: Kernel, chip: Chip, buffering: int = 0) -> Trace:
     """The trace an op runs: the kernel's tiling at the plan's buffering depth, the depth of its double-buffered
-    queues (0 = the kernel as written; every kernel is written on the tile-program layer)."""
-    return (dataclasses.replace(k, buffering=buffering) if buffering else k).trace(chip)
+    queues (0 = the kernel as written; every kernel is written on the tile-program layer).
+
+    Memoised by the kernel (its every field) and the values of the chip fields its tiling read (npusim.spec.reads):
+    a tiling reads core counts and buffer sizes, so sweep points that differ in a rate (HBM bandwidth) build each
+    trace once; the engine still times it on each point's own chip."""
+    k = dataclasses.replace(k, buffering=buffering) if buffering else k
+    return _traces.get((type(k).__module__, type(k).__qualname__, repr(k)), chip, k.trace)
 
 
 def on_chip(trace: Trace, input_name: str, inputs: bool, outputs: bool) -> Trace:

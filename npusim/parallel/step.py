@@ -19,6 +19,7 @@ steady over its duration). With KV offload, a `host` stream gathers the selected
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from dataclasses import dataclass
 
 from npusim.engine.streams import Task, Timeline, run_streams
@@ -28,6 +29,7 @@ from npusim.parallel.fusion import Placement, placements, unfused_topk
 from npusim.parallel.optime import ATTENTION, Activity, OpRun, OpTime, kernel_name, op_time
 from npusim.parallel.shard import SIDE_STREAM_OPS, RankLayer, RankStep, scale_op
 from npusim.spec.plan import Plan, Streams
+from npusim.spec.reads import ReadsMemo
 from npusim.spec.system import System
 
 HEAD_START = "final_norm"  # the op where a layer's head (final norm, LM head) begins
@@ -190,7 +192,24 @@ def _op_time(op, chip, run: OpRun, plan: Plan) -> OpTime:
         raise
 
 
+_layers = ReadsMemo(size=1024)
+
+
 def layer_time(layer: RankLayer, plan: Plan, system: System, streams: Streams | None = None) -> LayerTime:
+    """One layer on the phase's `streams` (None: the plan-level ones), memoised by content: the layer's ops and
+    collectives, the system and its chip (System's repr leaves the chip out, so it is keyed apart), the streams,
+    and the values of the plan fields the layer read (npusim.spec.reads: its fusion switches, kernel options,
+    streams). Sweep points that differ only where a layer does not look (the MTP acceptance, the batch of the other
+    phase, the price) time each layer once. A refusal is not memoised: it is raised again with its own message."""
+    key = hashlib.blake2b(repr((layer, system, system.chip_spec, streams)).encode(), digest_size=20).hexdigest()
+    return _layers.get(key, plan, lambda seen: _layer_time(layer, seen, system, streams))
+
+
+def clear_layer_memo() -> None:
+    _layers.clear()
+
+
+def _layer_time(layer: RankLayer, plan: Plan, system: System, streams: Streams | None = None) -> LayerTime:
     """One layer on the phase's `streams` (None: the plan-level ones).
 
     With two microbatches the layer's body runs twice at half the tokens; its head (final norm and LM head) runs once

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,10 +13,13 @@ from npusim.errors import NpusimError, did_you_mean
 from npusim.spec.schema import BuildContext, Leaf, build, merge, normalise, read_yaml, set_path, setting
 
 
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+
+
 def data_root() -> Path:
     """The repo root holding hardware/ and workloads/ (NPUSIM_HOME overrides, for installed copies)."""
     env = os.environ.get("NPUSIM_HOME")
-    return Path(env) if env else Path(__file__).resolve().parents[2]
+    return Path(env) if env else _PACKAGE_ROOT
 
 
 def display_path(path: Path) -> str:
@@ -46,6 +51,14 @@ class Provenance:
             name = self.written[inner]
             return {"file": self.files[inner], "field": name[: len(name) - len(inner) + len(path)]}
         return {"file": self.file, "field": path}
+
+
+_LOADED: OrderedDict[tuple, object] = OrderedDict()  # Catalog.load's memo
+LOADED_SIZE = 512
+
+
+def clear_loaded() -> None:
+    _LOADED.clear()
 
 
 @dataclass(frozen=True)
@@ -97,8 +110,31 @@ class Catalog:
         return tree, shown
 
     def load(self, name: str, overrides: dict[str, str] | None = None):
+        """The built spec, memoised: a sweep loads the same chip, system, model and plan at every point, and building
+        (type hints, units, checks) costs more than a warm prediction's engine work. The key is the name, the
+        overrides in order, the working directory and data root (provenance names files relative to them) and the
+        contents of every file the name can reach; a spec is frozen, so sharing it is safe."""
+        key = self._load_key(name, overrides)
+        hit = _LOADED.get(key)
+        if hit is not None:
+            _LOADED.move_to_end(key)
+            return hit
         tree, shown = self.raw(name)
-        return self.from_tree(tree, shown, overrides)
+        spec = self.from_tree(tree, shown, overrides)
+        _LOADED[key] = spec
+        if len(_LOADED) > LOADED_SIZE:
+            _LOADED.popitem(last=False)
+        return spec
+
+    def _load_key(self, name: str, overrides: dict[str, str] | None) -> tuple:
+        h = hashlib.blake2b(digest_size=16)
+        for f in sorted(self.directory.glob("*.yaml")) + [Path(name)]:
+            try:
+                h.update(str(f).encode() + b"\0" + f.read_bytes() + b"\0")
+            except OSError:
+                continue
+        over = tuple((k, repr(v)) for k, v in (overrides or {}).items())
+        return (self.kind, self.subdir, name, over, os.getcwd(), str(data_root()), h.hexdigest())
 
     def from_tree(self, tree: dict, shown: str, overrides: dict[str, str] | None = None):
         """Build and check a spec from a normalised tree (a catalog file, or a foreign format mapped onto ours)."""

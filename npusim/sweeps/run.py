@@ -67,6 +67,18 @@ def evaluate(point: Point, params: CostParams = CostParams()) -> dict:
     return row
 
 
+def forget() -> None:
+    """Empty every in-process memo a prediction fills (specs, tile traces, kernel results, op times, layer times):
+    the next point runs cold, as in a fresh process (benchmarks, and the tests that compare with unmemoised runs)."""
+    from npusim.engine.result import clear_memo
+    from npusim.parallel import optime, step
+    from npusim.spec import catalog
+    catalog.clear_loaded()
+    optime.clear_memos()
+    clear_memo()
+    step.clear_layer_memo()
+
+
 @dataclass(frozen=True)
 class DiskCache:
     """Completed rows as JSON files named by point key; writes are atomic, so an interrupted sweep resumes."""
@@ -97,12 +109,23 @@ class DiskCache:
         os.replace(tmp, path)
 
 
+def chunksize(points: int, workers: int) -> int:
+    """Points per task: runs of grid neighbours (the last axis fastest) share layers, kernels and tile traces in
+    one worker's memos, and 16 tasks per worker keep the load balanced."""
+    return max(1, points // (16 * workers))
+
+
+def evaluate_run(points: list[Point]) -> list[dict]:
+    """A run of neighbouring points in one worker, in order."""
+    return [evaluate(p) for p in points]
+
+
 def _local(todo: list[Point], workers: int):
     if workers <= 1:
         yield from map(evaluate, todo)
         return
-    with ProcessPoolExecutor(max_workers=workers) as pool:  # runs of neighbours share kernels in a worker's memo
-        yield from pool.map(evaluate, todo, chunksize=max(1, len(todo) // (16 * workers)))
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        yield from pool.map(evaluate, todo, chunksize=chunksize(len(todo), workers))
 
 
 def _dask(todo: list[Point], scheduler):
@@ -117,9 +140,11 @@ def _dask(todo: list[Point], scheduler):
     except (OSError, TimeoutError, ValueError) as exc:
         raise NpusimError(f"cannot reach the Dask scheduler '{scheduler}' ({exc})", field="--scheduler") from None
     try:
-        futures = client.map(evaluate, todo, pure=False)
+        size = chunksize(len(todo), max(1, len(client.scheduler_info().get("workers", {}))))
+        runs = [todo[i:i + size] for i in range(0, len(todo), size)]  # as the local pool: neighbours share memos
+        futures = client.map(evaluate_run, runs, pure=False)
         for fut in futures:  # in point order; the cluster runs them in any order
-            yield fut.result()
+            yield from fut.result()
     finally:
         if client is not scheduler:
             client.close()
