@@ -141,6 +141,28 @@ def test_quant_sets_the_op_dtypes_and_bytes(m):
     assert w4.op("kv_cache_update").kind == "quant" and bf16.op("kv_cache_update").kind == "cache_update"
 
 
+def test_ascend_int8_keeps_kv_b_in_bf16_and_quantises_bf16_inputs_in_prefill(m):
+    """cann-recipes' INT8 checkpoints leave kv_b_proj BF16; a W8A8 prefill quantises each BF16-fed linear's input
+    first (q_a and kv_a separately), the experts' and down projections' inputs arrive quantised; decode adds none."""
+    v31 = m["deepseek-v3.1"]
+    pre = build_graph(v31, "prefill", 2, 4096, quant="w8a8").layer("mla-moe")
+    dec = build_graph(v31, "decode", 8, 4096, quant="w8a8").layer("mla-moe")
+    assert pre.op("kv_b_proj").dtypes["b"] == "bf16" and dec.op("q_absorb").dtypes["b"] == "bf16"
+    assert pre.op("q_b_proj").dtypes["b"] == "int8"
+    names = [op.name for op in pre.ops]
+    quants = [n for n in names if n.endswith("_proj_quant") or n.endswith("_up_quant")]
+    assert quants == ["q_a_proj_quant", "q_b_proj_quant", "kv_a_proj_quant", "o_proj_quant", "shared_gate_up_quant"]
+    for q in quants:
+        assert names.index(q) + 1 == names.index(q.removesuffix("_quant"))  # right before its linear
+    q_a = pre.op("q_a_proj_quant")
+    assert q_a.kind == "quant" and q_a.shape == {"rows": 8192, "elements": v31.hidden_size}
+    assert not any(op.name.endswith("_quant") for op in dec.ops)
+    bf16 = build_graph(v31, "prefill", 2, 4096, quant="bf16").layer("mla-moe")
+    assert not any(op.name.endswith("_quant") for op in bf16.ops)
+    fp8 = build_graph(v31, "prefill", 2, 4096, quant="fp8").layer("mla-moe")
+    assert fp8.op("kv_b_proj").dtypes["b"] == "fp8"  # the DeepSeek checkpoint's own format
+
+
 # ------------------------------------------------------------------------------------------ DeepSeek-V4
 
 

@@ -25,6 +25,9 @@ from npusim.spec.quant import BF16, QuantScheme, Storage, get_quant
 
 PHASES = ("prefill", "decode")
 INDEX_BYTES = 4  # int32 top-k indices
+# INT8 linears of the MLA + MoE layer whose input arrives in BF16 (a norm's, attention's output) and so is quantised
+# per token first; the experts' and the down projections' inputs come quantised (see _Layers.quantised)
+BF16_INPUT_LINEARS = ("q_a_proj", "kv_a_proj", "q_b_proj", "o_proj", "shared_gate_up", "gate_up_proj")
 
 
 class _Layers:
@@ -41,6 +44,25 @@ class _Layers:
         """A linear of a weight class (None: kept in BF16 under every preset)."""
         w = self.quant.weights(weight_class) if weight_class else BF16
         return gemm(name, self.t if m is None else m, k, n, w, self.quant.activation_for(w), batch=batch, kind=kind)
+
+    def quantised(self, ops: list[Op]) -> list[Op]:
+        """A prefill's per-token dynamic quantisation (DynamicQuant) before each INT8 linear whose input is BF16: the
+        W8A8 linear quantises its own input (cann-recipes-infer module/quantization/compressed_tensors/
+        compressed_tensors_w8a8_int8.py:89, npu_dynamic_quant then npu_quant_matmul), so q_a_proj and kv_a_proj each
+        quantise the same hidden states (separate linears in the R1 prefill, modeling_deepseek.py:1001-1011). The
+        routed experts take INT8 rows from init_routing (quant_mode 1) and the down projections from the fused
+        dequant-SwiGLU-quant: none there. Decode's few rows are launch-bound and fused where the deployments fuse
+        them (MlaProlog, the dispatch's quantisation); their launches are in the fitted overheads.graph_launch."""
+        if not self.prefill or self.quant.activation.dtype != "int8":
+            return ops
+        out: list[Op] = []
+        for op in ops:
+            if op.kind == "gemm" and op.name in BF16_INPUT_LINEARS and op.dtypes["b"] == "int8":
+                rows, k = op.shape["m"], op.shape["k"]
+                out.append(cache_store(f"{op.name}_quant", rows, k, self.quant.activation.bytes_for(k),
+                                       self.quant.activation))
+            out.append(op)
+        return out
 
     # ------------------------------------------------------------------ DeepSeek-V3 / V3.2
     def mla(self, mha: bool) -> list[Op]:
@@ -277,7 +299,7 @@ class _Layers:
                     + [self.mhc_post("mhc_post_ffn")])
         if self.m.is_gqa:
             return self.gqa() + self.ffn(layer)
-        return self.mla(mha) + self.ffn(layer)
+        return self.quantised(self.mla(mha) + self.ffn(layer))
 
     # ------------------------------------------------------------------ ends of the model
     def embedding(self) -> Op:

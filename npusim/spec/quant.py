@@ -47,7 +47,8 @@ INT8_HEAD = Storage(dtype="int8", scale_bytes=2.0, block=128)  # Ascend C8 index
 MXFP8 = Storage(dtype="mxfp8", scale_bytes=1.0, block=32)  # OCP MX: e8m0 per 32
 MXFP4 = Storage(dtype="mxfp4", scale_bytes=1.0, block=32)
 FP8_KV_V4 = Storage(dtype="fp8", scale_bytes=1.0, block=64)  # GUESS: V4 QAT simulates fp8 nope, block 64, ue8m0
-WEIGHT_CLASSES = ("attention", "kv_b", "indexer", "routed_experts", "shared_experts", "dense_ffn", "lm_head", "embedding")
+WEIGHT_CLASSES = ("attention", "kv_b", "indexer", "routed_experts", "shared_experts", "dense_ffn", "lm_head",
+                  "embedding")
 # kv_b: MLA's key/value up-projection (kv_b_proj, and its absorbed halves q_absorb / o_absorb). Ascend's INT8
 # checkpoints leave it BF16: cann-recipes-infer models/deepseek_r1/utils/convert_model.py:108 and
 # models/deepseek_v3_2_exp/utils/convert_model.py:176 put self_attn.kv_b_proj on the quantisation ignore list, and the
