@@ -254,7 +254,7 @@ def _sub_base(path):
     """The cheap base of a sub-command other than CHEAP_BASE's (hw list, kernel sim, model list, ...)."""
     bases = {("hw", "list"): ("hw", "list"), ("hw", "diff"): ("hw", "diff", "910b2", "910b3"),
              ("kernel", "sim"): ("kernel", "sim", "gemm", "--hw", "910b2", "--shape", "m=128,n=128,k=128"),
-             ("kernel", "verify"): ("kernel", "verify", "rowwise", "--shape", "rows=8,cols=64"),
+             ("kernel", "verify"): ("kernel", "verify", "rowwise", "--shape", "rows=8,dim=64"),
              ("kernel", "list"): ("kernel", "list"), ("model", "list"): ("model", "list")}
     if tuple(path[:2]) in bases:
         return bases[tuple(path[:2])]
@@ -329,6 +329,36 @@ def test_fuzz_kernel_shapes(data):
     assert r.returncode in (0, 2), r.stderr
     if r.returncode == 2:
         assert_refused(r)
+
+
+def _kernel_options():
+    from npusim.kernels.base import KERNELS
+    return {name: [f.name for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING]
+            for name, cls in sorted(KERNELS.items())}
+
+
+KERNEL_OPTIONS = _kernel_options()
+SMALL_DIMS = {"m": 64, "n": 128, "k": 128, "rows": 16, "elements": 128, "tokens": 16, "keys": 512, "dim": 128,
+              "width": 256}
+BAD_SHAPE_VALUE = st.one_of(WORDS, st.sampled_from(["0", "-1", "-7", "1.5", "nan", "inf", "-inf", "1e400", "",
+                                                    "100000000000000000000", "2147483648", "bf16", "[1]"]))
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_kernel_shape_options(data):
+    """Every key of every kernel's --shape besides its dimensions (dtypes, counts, flags, tile options, reals) — and
+    a key it does not have — at a wrong type, zero, negative, huge or NaN: a tiling and time where the value is
+    allowed (0 is the tiler's own choice for a tile option), else one sentence naming --shape and the key."""
+    name = data.draw(st.sampled_from(sorted(KERNEL_OPTIONS)), label="kernel")
+    key = data.draw(st.sampled_from(KERNEL_OPTIONS[name] + ["zz_" + name]), label="key")
+    value = data.draw(BAD_SHAPE_VALUE, label="value")
+    dims = ",".join(f"{d}={SMALL_DIMS[d]}" for d in KERNEL_DIMS[name])
+    command = data.draw(st.sampled_from(["show", "sim"]), label="command")
+    r = run("kernel", command, name, "--hw", "910b2", "--shape", f"{dims},{key}={value}")
+    assert r.returncode in (0, 2), r.stderr
+    if r.returncode == 2:
+        assert_refused(r, "--shape")
 
 
 # ------------------------------------------------------------------------------------ invariants, valid inputs

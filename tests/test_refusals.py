@@ -263,7 +263,7 @@ SERVE = ("serve", "--requests", "2", "--input", "128", "--output", "4")
     ((*SERVE, "--concurrency", "0"), ["--concurrency:", "at least 1"]),
     ((*SERVE, "--rate", "1", "--prefix-hit", "2"), ["--prefix-hit:"]),
     (("plan", "--rate", "nan"), ["argument --rate"]),
-    (("kernel", "verify", "rowwise", "--shape", "rows=8,cols=64", "--seed", "-1"), ["argument --seed"]),
+    (("kernel", "verify", "rowwise", "--shape", "rows=8,dim=64", "--seed", "-1"), ["argument --seed"]),
     ((*SERVE, "--rate", "1", "--seed", "-1"), ["argument --seed"]),
     (("kernel", "verify", "rowwise", "--shape", "rows=8,cols=nan"), ["--shape:", "whole numbers"]),
     (("kernel", "sim", "gemm", "--shape", "m=1.5,n=128,k=128"), ["--shape:", "'m=1.5' is not a whole number"]),
@@ -283,3 +283,40 @@ def test_an_output_path_in_the_way_is_refused(tmp_path):
 def test_a_size_of_zero_and_a_rate_too_small_to_time():
     assert_refused(run("kernel", "sim", "gemm", "--shape", "m=0,n=128,k=128"), "--shape:", "'m=0' must be at least 1")
     assert_refused(run("predict", *SMALL, "--set", "hbm.bandwidth=1e-300B/s"), "not a time", "hbm.bandwidth")
+
+
+# ------------------------------------------------------------------------------------ kernel --shape option values
+
+@pytest.mark.parametrize("kernel, shape, needles", [
+    ("flash_attention", "tokens=8,keys=64,dtype=x", ["'dtype=x' is not one of", "'bf16'"]),  # was a KeyError
+    ("gemm", "m=64,n=64,k=64,out_dtype=fp99", ["'out_dtype=fp99' is not one of"]),
+    ("rowwise", "rows=8,dim=64,dtype=7", ["'dtype=7' is not one of"]),
+    ("embedding", "tokens=4,hidden=0", ["'hidden=0' must be at least 1"]),  # was a ZeroDivisionError
+    ("gemm", "m=64,n=64,k=64,batch=-1", ["'batch=-1' must be at least 1"]),
+    ("flash_attention", "tokens=8,keys=64,heads=-1", ["'heads=-1' must be at least 1"]),  # was a ValueError
+    ("mhc_pre", "tokens=8,mix=0", ["'mix=0' must be at least 1"]),
+    ("sinkhorn", "rows=8,streams=-1", ["'streams=-1' must be at least 1"]),  # ran for ever
+    ("rowwise", "rows=8,dim=64,buffering=-1", ["'buffering=-1' must be at least 0"]),  # was accepted
+    ("quantise", "rows=8,elements=128,block=-2", ["'block=-2' must be at least -1"]),
+    ("flash_attention", "tokens=8,keys=64,causal=2", ["'causal=2' must be one of 0, 1"]),  # was accepted
+    ("sparse_flash_attention", "tokens=1,keys=64,batch=100000000000000000000", ["must be at most 2147483647"]),
+    ("mhc_pre", "tokens=8,eps=-1", ["'eps=-1.0' must be above 0"]),
+    ("moe_gate", "m=8,k=64,n=64,route_scale=nan", ["'route_scale=nan' is not a finite number"]),
+    ("grouped_gemm", "rows=8,k=64,n=64,counts=x", ["counts 'x' must give 1 non-negative row counts"]),
+    ("rope", "tokens=8,layout=x", ["layout must be one of interleaved, half"]),  # was named field 'layout'
+    ("gemm", "m=64,n=64,k=64,heads=2", ["has no shape key 'heads'"]),
+])
+@pytest.mark.parametrize("command", ["show", "sim"])
+def test_kernel_shape_option_values(command, kernel, shape, needles):
+    """Every key of --shape, not only the dimensions: a bad type, zero, a negative, a huge value or NaN is one
+    sentence naming --shape, the key and what it takes."""
+    assert_refused(run("kernel", command, kernel, "--hw", "910b2", "--shape", shape), "--shape:", *needles)
+
+
+@pytest.mark.parametrize("shape, needle", [
+    ("rows=8,cols=64", "the rowwise check has no key cols; it reads dim, rows"),  # was silently dim=1024
+    ("rows=0,dim=64", "every size must be at least 1"),  # was a ZeroDivisionError
+    ("rows=100000,dim=100000", "too large to verify"),  # would allocate 80 GB
+])
+def test_kernel_verify_shape(shape, needle):
+    assert_refused(run("kernel", "verify", "rowwise", "--shape", shape), "--shape:", needle)

@@ -6,6 +6,8 @@ subcommand, e.g. the engine's `kernel sim`.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import sys
 
 import numpy as np
@@ -15,8 +17,11 @@ from npusim.cli.common import add_format, add_set, emit, parse_overrides, seed
 from npusim.engine.tune import tuned
 from npusim.errors import NpusimError, as_written
 from npusim.kernels import catalog
-from npusim.kernels.base import Kernel, capacity
+from npusim.kernels.base import KERNELS, Kernel, capacity
 from npusim.spec.chip import Chip, load_chip
+
+
+VERIFY_ELEMENTS = 1 << 26  # a functional check's shape (the product of its sizes) in float64: 512 MiB an array at most
 
 
 def parse_shape(text: str) -> dict[str, str]:
@@ -38,12 +43,15 @@ def load_kernel(args) -> tuple[Kernel, Chip]:
 
 def shape_named(run):
     """A kernel command whose refusals of the kernel's shape (the kernels call it 'shape', from the tiling or the
-    trace alike) are named as the option the user wrote it in, --shape."""
+    trace alike, or by the key refused: 'layout', 'shape.counts') are named as the option the user wrote it in,
+    --shape."""
     def named(args) -> None:
         try:
             run(args)
         except NpusimError as exc:
-            raise as_written(exc, {"shape": {"field": "--shape"}}) from None
+            keys = [f.name for f in dataclasses.fields(KERNELS[args.name])] if args.name in KERNELS else []
+            raise as_written(exc, {k: {"field": "--shape"} for k in ["shape", *keys, *(f"shape.{k}" for k in keys)]}) \
+                from None
     return named
 
 
@@ -74,7 +82,6 @@ def register(sub) -> None:
 
 
 def run_list(args) -> None:
-    from npusim.kernels.base import KERNELS
     from npusim.functional.verify import VERIFY
 
     rows = [{"kernel": n, "shape keys": ", ".join(_keys(KERNELS[n])),
@@ -120,8 +127,17 @@ def run_verify(args) -> None:
     try:
         shape = Used({k: int(v) for k, v in parse_shape(args.shape).items()})
     except ValueError:
-        raise NpusimError(f"'{args.shape}' must give whole numbers, e.g. rows=8,cols=64", field="--shape") from None
+        raise NpusimError(f"'{args.shape}' must give whole numbers, e.g. rows=8,dim=64", field="--shape") from None
+    small = {k: v for k, v in shape.items() if v < 1}
+    if small or math.prod(shape.values()) > VERIFY_ELEMENTS:
+        raise NpusimError(f"'{args.shape}': every size must be at least 1" if small else
+                          f"'{args.shape}' is too large to verify (the float64 check holds at most "
+                          f"{VERIFY_ELEMENTS:,} elements: the product of the sizes given)", field="--shape")
     errs = VERIFY[args.name](shape, np.random.default_rng(args.seed))
+    unread = sorted(set(shape) - set(shape.used))
+    if unread:
+        raise NpusimError(f"the {args.name} check has no key {', '.join(unread)}; it reads "
+                          f"{', '.join(sorted(shape.used))}", field="--shape")
     dims = ",".join(f"{k}={v}" for k, v in shape.used.items())
     rows = [{"shape": dims, "scheme": e.scheme, "tolerance": e.tolerance, "max_abs": e.max_abs, "max_rel": e.max_rel,
              "exact": e.exact, "result": "PASS" if e.passed else "FAIL"} for e in errs]

@@ -39,7 +39,7 @@ from typing import ClassVar
 import numpy as np
 
 from npusim.errors import NpusimError
-from npusim.kernels.base import Band, Kernel, Work, cdiv, nbytes, need_cube, register
+from npusim.kernels.base import Allowed, Band, Kernel, Work, cdiv, nbytes, need_cube, register
 from npusim.kernels.program import AIC, AIV, AIVS, Code, Queue, TileProgram, stage
 from npusim.kernels.tile import Act, Lin, Ref, lin
 from npusim.kernels.trace import Node, Trace
@@ -90,6 +90,8 @@ class Attention(Kernel):
     sized: ClassVar[bool] = False  # a token's last key tile holds the keys left (in KC chunks), not a padded block_n
     window_keys: ClassVar[int] = 0  # raw rows before each query read contiguously ahead of its key set (V4)
     split_heads: ClassVar[bool] = True  # split-KV may also split a token's heads over blocks
+    limits: ClassVar[dict[str, Allowed]] = {"causal": Allowed(choices=(0, 1)), "sink": Allowed(choices=(0, 1)),
+                                            "kv_splits": Allowed(low=0)}  # 0: the tiler's split
 
     # ------------------------------------------------------------------ what a subclass says about its key set
     @property

@@ -128,12 +128,56 @@ def need_cube(chip: Chip, dtype: str) -> None:
                           field="dtype")
 
 
+MAX_SIZE = 2**31 - 1  # the largest shape value a kernel takes (estimate: AscendC tiling data and catlass's
+# GemmCoord hold a dimension in a 32-bit field; beyond it a shape is no launch any chip can make)
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """The values a shape key takes: a number from `low` (above it when `above`) up to `high`, or, for text, one of
+    `choices` (none: the kernel checks its text itself)."""
+
+    low: float = 0
+    high: float = MAX_SIZE
+    above: bool = False
+    choices: tuple[str, ...] = ()
+
+    def refusal(self, value) -> str:
+        """Why `value` is not allowed ("" when it is)."""
+        if isinstance(value, str):
+            if not self.choices or value in self.choices:
+                return ""
+            return "is not one of " + ", ".join(repr(c) if c else "'' (none)" for c in self.choices)
+        if self.choices and value not in self.choices:  # a flag
+            return f"must be one of {', '.join(map(str, self.choices))}"
+        if value < self.low or (self.above and value == self.low):
+            return f"must be {'above' if self.above else 'at least'} {self.low:g}"
+        if value > self.high:
+            return f"must be at most {self.high:.0f}"
+        return ""
+
+
+def allowed(cls: type["Kernel"], f: dataclasses.Field) -> Allowed:
+    """What a kernel's field takes: its class's `limits` where it declares them, else by its kind — a dimension
+    (no default) or a count whose default is at least 1 from 1, one whose default is 0 (the tiler's choice) from 0;
+    a real number finite and not negative (above 0 when its default is); a dtype one of the element types."""
+    if f.name in cls.limits:
+        return cls.limits[f.name]
+    if f.type == "str":
+        types = tuple(BYTES_PER_ELEMENT) + (("",) if f.default == "" else ())
+        return Allowed(choices=types if f.name.endswith("dtype") else ())
+    if f.type == "float":
+        return Allowed(high=math.inf, above=f.default > 0)
+    return Allowed(low=1 if f.default is dataclasses.MISSING or f.default >= 1 else 0)
+
+
 @dataclass(frozen=True)
 class Kernel:
     """Base of the tilings. Subclasses: `name`, int shape fields, `work()`, `build(chip)`."""
 
     name: ClassVar[str] = ""
     options: ClassVar[tuple[str, ...]] = ()  # fields that are not shape dims (dtype scheme, tile sizes)
+    limits: ClassVar[dict[str, Allowed]] = {}  # shape keys whose values the rule of `allowed` does not describe
 
     @classmethod
     def from_shape(cls, shape: dict[str, Any], **options: Any) -> "Kernel":
@@ -155,9 +199,10 @@ class Kernel:
         missing = [n for n, f in fields.items() if f.default is dataclasses.MISSING and n not in args]
         if missing:
             raise NpusimError(f"kernel {cls.name} needs shape keys {', '.join(missing)}", field="shape")
-        for name, f in fields.items():  # a required dimension (no default) is a size: at least 1
-            if f.default is dataclasses.MISSING and f.type == "int" and args[name] < 1:
-                raise NpusimError(f"kernel {cls.name} shape '{name}={args[name]}' must be at least 1", field="shape")
+        for key, val in args.items():
+            why = allowed(cls, fields[key]).refusal(val)
+            if why:
+                raise NpusimError(f"kernel {cls.name} shape '{key}={val}' {why}", field="shape")
         return cls(**args)
 
     @property

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from npusim.errors import NpusimError
-from npusim.kernels.base import (Band, Kernel, Work, capacity, cdiv, nbytes, need_cube, read_seconds, register,
+from npusim.kernels.base import (Allowed, Band, Kernel, Work, capacity, cdiv, nbytes, need_cube, read_seconds, register,
                                  scaled, tiler_buffers)
 from npusim.kernels.program import AIC, Code, Queue, TileProgram, stage
 from npusim.kernels.tile import Act, Lin, Ref, lin
@@ -484,6 +484,7 @@ class Gemm(Kernel):
     name: ClassVar[str] = "gemm"
     options: ClassVar[tuple[str, ...]] = ("dtype", "out_dtype", "base_m", "base_n", "base_k", "step_k", "l0c_depth",
                                           "buffering", "layout_a", "layout_b")
+    limits: ClassVar[dict[str, Allowed]] = {"dtype": Allowed()}  # a scheme, which scheme_of checks
     m: int
     n: int
     k: int
@@ -565,6 +566,7 @@ class GroupedGemm(Kernel):
     name: ClassVar[str] = "grouped_gemm"
     options: ClassVar[tuple[str, ...]] = ("dtype", "out_dtype", "counts", "base_m", "base_n", "base_k", "step_k",
                                           "l0c_depth", "buffering")
+    limits: ClassVar[dict[str, Allowed]] = Gemm.limits
     rows: int
     k: int
     n: int
@@ -594,7 +596,7 @@ class GroupedGemm(Kernel):
         if not self.counts:
             q, r = divmod(self.rows, max(1, self.experts))
             return [q + (e < r) for e in range(max(1, self.experts))]
-        out = [int(c) for c in self.counts.split(",")]
+        out = [int(c) if c.strip().isdigit() else -1 for c in self.counts.split(",")]
         if len(out) != self.experts or sum(out) != self.rows or min(out) < 0:
             raise NpusimError(f"grouped_gemm counts '{self.counts}' must give {self.experts} non-negative row counts "
                               f"summing to rows={self.rows}", field="shape.counts")

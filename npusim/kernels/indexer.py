@@ -45,7 +45,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from npusim.errors import NpusimError
-from npusim.kernels.base import (Band, Kernel, Work, cdiv, capacity, nbytes, need_cube, read_seconds, register,
+from npusim.kernels.base import (Allowed, Band, Kernel, Work, cdiv, capacity, nbytes, need_cube, read_seconds, register,
                                  scaled, tiler_buffers)
 from npusim.kernels.program import AIC, AIV, AIVS, Code, Queue, TileProgram, stage
 from npusim.kernels.tile import Act, Lin, Ref, lin
@@ -147,6 +147,7 @@ class LightningIndexer(Kernel):
 
     name: ClassVar[str] = "lightning_indexer"
     options: ClassVar[tuple[str, ...]] = ("dtype", "causal", "block_m", "block_n", "splits", "buffering", "page")
+    limits: ClassVar[dict[str, Allowed]] = {"causal": Allowed(choices=(0, 1))}
     tokens: int
     keys: int
     heads: int = 64

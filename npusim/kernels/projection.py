@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from npusim.errors import NpusimError
-from npusim.kernels.base import Band, Kernel, Work, cdiv, nbytes, need_cube, register, tiler_buffers
+from npusim.kernels.base import Allowed, Band, Kernel, Work, cdiv, nbytes, need_cube, register, tiler_buffers
 from npusim.kernels.program import AIC, AIV, Code, Queue, TileProgram, stage
 from npusim.kernels.tile import Act, Lin, Ref, lin
 from npusim.kernels.trace import Node, Trace
@@ -417,6 +417,7 @@ class MhcPre(Projected):
 
     name: ClassVar[str] = "mhc_pre"
     options: ClassVar[tuple[str, ...]] = ("eps", "norm_eps", "block_rows", "k_split", "buffering")
+    limits: ClassVar[dict[str, Allowed]] = {"sinkhorn_iters": Allowed(low=0)}  # 0: the LM head's hc_head (no H_res)
     cast: ClassVar[bool] = True
     cube_dtype: ClassVar[str] = "fp32"
     tokens: int

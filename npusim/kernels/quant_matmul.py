@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from npusim.errors import NpusimError
-from npusim.kernels.base import Band, Kernel, Work, cdiv, nbytes, register
+from npusim.kernels.base import Allowed, Band, Kernel, Work, cdiv, nbytes, register
 from npusim.kernels.gemm import SCHEMES, CubeBlock, CubeTiling, GemmShape, cube_queues
 from npusim.kernels.program import AIC, AIV, AIVS, Code, Queue, TileProgram, stage
 from npusim.kernels.tile import Act, Lin, Ref, lin
@@ -71,6 +71,7 @@ class QuantMatmul(Kernel):
     name: ClassVar[str] = "quant_matmul"
     options: ClassVar[tuple[str, ...]] = ("out_dtype", "base_m", "base_n", "base_k", "step_k", "l0c_depth",
                                           "k_split", "epilogue_rows", "workspace", "buffering")
+    limits: ClassVar[dict[str, Allowed]] = {"k_split": Allowed(low=-1)}
     m: int
     n: int
     k: int

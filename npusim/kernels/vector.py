@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from npusim.errors import NpusimError
-from npusim.kernels.base import Band, Kernel, Work, cdiv, even_tiles, nbytes, register
+from npusim.kernels.base import Allowed, Band, Kernel, Work, cdiv, even_tiles, nbytes, register
 from npusim.kernels.program import AIV, Code, Queue, TileProgram, stage
 from npusim.kernels.tile import Act, Lin, Ref, lin
 from npusim.kernels.trace import Trace
@@ -602,6 +602,7 @@ class Quantise(Tiled):
 
     name: ClassVar[str] = "quantise"
     options: ClassVar[tuple[str, ...]] = ("dtype", "block", "buffering", "tile_tokens", "tile_cols")
+    limits: ClassVar[dict[str, Allowed]] = {"dtype": Allowed(), "block": Allowed(low=-1)}  # dtype: quant_format
     rows: int
     elements: int
     dtype: str = "int8"
@@ -831,6 +832,7 @@ class Sinkhorn(Tiled):
 
     name: ClassVar[str] = "sinkhorn"
     options: ClassVar[tuple[str, ...]] = ("eps", "buffering", "tile_tokens", "tile_cols")
+    limits: ClassVar[dict[str, Allowed]] = {"iters": Allowed(low=0)}  # as mhc_pre's sinkhorn_iters
     rows: int
     streams: int = 4
     iters: int = 20
