@@ -35,7 +35,7 @@ def test_recommended_plan_meets_slo_by_predict(loose, tmp_path):
     assert r.recommended is not None and r.pruned > 0
     path = write_plan(r, tmp_path / "rec.yaml")
     p = api.predict(SMALL["hw"], SMALL["model"], str(path), input=SMALL["input"], output=SMALL["output"],
-                    batch=r.recommended.decode.batch)
+                    batch=r.recommended.batch)
     assert p.ttft <= loose.ttft and p.tpot <= loose.tpot
     assert p.tpot == pytest.approx(r.recommended.tpot) and p.ttft == pytest.approx(r.recommended.ttft)
 

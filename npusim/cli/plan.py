@@ -3,6 +3,7 @@ percentile under that load, in the serving simulation) and write the recommended
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -47,10 +48,11 @@ def register(sub) -> None:
     p.add_argument("--requests", type=int, default=Traffic.requests,
                    help=f"requests served per plan checked under the load (default {Traffic.requests})")
     p.add_argument("--seed", type=common.seed, default=Traffic.seed, help=f"random seed of the load (default {Traffic.seed})")
-    p.add_argument("--colocated", action="store_true",
-                   help="also serve co-located (PD-mixed) deployments of the frontier's decode layouts in the "
-                        "request-level simulation (closed loop, SLO at --percentile) and say whether co-located or "
-                        "disaggregated serves more tokens per chip at the SLO (seconds per serving run)")
+    p.add_argument("--colocated", action=argparse.BooleanOptionalAction, default=True,
+                   help="serve co-located (PD-mixed) deployments of the frontier's decode layouts in the "
+                        "request-level simulation (closed loop, SLO at --percentile) beside the disaggregated "
+                        "recommendation and say which serves more tokens per chip at the SLO (default; "
+                        "--no-colocated skips these serving runs, seconds each)")
     p.add_argument("--figures", metavar="DIR", help="write frontier.png there: the disaggregated frontier and, with "
                                                   "--colocated, the deployments served beside it, in one figure")
     common.add_set(p)
@@ -94,13 +96,13 @@ def run(args) -> None:
     space = SearchSpace(min_ranks=min(sizes, default=8), sizes=sizes, mtp_depths=depths)
     result = search(args.hw, args.model, input=args.input, output=args.output, slo=slo, max_chips=args.max_chips,
                     quant=quant, overrides=overrides, workers=args.workers, space=space, load=traffic,
-                    progress=True)
+                    percentile=args.percentile, colocated=args.colocated, progress=True)
     system = load_system(args.hw, api.split_overrides(overrides)["hw"])
     params = CostParams()
     per_chip_s = chip_usd_per_second(system.power_per_chip, system.price_per_chip, params) / params.utilisation
     shown = result.frontier or result.closest
     frame = _table(shown, per_chip_s).round(2)
-    pct = traffic.percentile if traffic else ""
+    pct = result.percentile
     served = pd.DataFrame([s.row(pct) for s in result.served]).round(2)
     written = write_plan(result, args.out) if result.recommended else None
     confirm = commands(result, written) if written else []
@@ -108,9 +110,10 @@ def run(args) -> None:
              "pruned": result.pruned, "meets_slo": result.recommended is not None,
              "recommended": result.recommended.row() if written else None,
              "plan_file": str(written) if written else None, "commands": confirm}
-    if traffic:
-        extra.update(load=traffic.describe(), served=json.loads(served.to_json(orient="records")))
-    mixed = _colocated(args, result) if args.colocated else None
+    if result.served:
+        extra.update(load=(traffic or result.confirmed.traffic).describe(),
+                     served=json.loads(served.to_json(orient="records")))
+    mixed = _colocated(result) if result.disaggregated else None
     if mixed:
         extra["colocated"] = json.loads(mixed[0].to_json(orient="records"))
         extra["verdict"] = mixed[1]
@@ -152,17 +155,19 @@ def run(args) -> None:
         common.emit(served, "table", title=f"served under the load, fewest chips first until one meets the SLO "
                                            f"(one request's TTFT / TPOT beside their {pct} under the load)")
     c = result.recommended
-    print(f"\nrecommended: prefill {c.prefill.layout.describe()} + decode {c.decode.layout.describe()}, "
-          f"global batch {c.decode.batch}: TTFT {c.ttft * 1e3:.0f} ms, TPOT {c.tpot * 1e3:.1f} ms, "
-          f"{c.served_tokens_per_s_per_chip:.1f} tok/s per chip on {c.chips:g} chips")
-    if traffic:
-        v = result.verified
-        print(f"under the load: TTFT {pct} {v.ttft * 1e3:.0f} ms, TPOT {pct} {v.tpot * 1e3:.1f} ms (one request: "
-              f"{c.ttft * 1e3:.0f} ms, {c.tpot * 1e3:.1f} ms)")
+    print(f"\nrecommended: {c.pools.prefill} x prefill {c.prefill.layout.describe()} + {c.pools.decode} x decode "
+          f"{c.decode.layout.describe()} ({c.pools.describe()}), global batch {c.batch}: TTFT {c.ttft * 1e3:.0f} ms, "
+          f"TPOT {c.tpot * 1e3:.1f} ms, {c.pools.requests_per_s:.3g} requests/s, {c.served_tokens_per_s_per_chip:.1f} "
+          f"tok/s per chip on {c.chips:g} chips")
+    v = result.confirmed
+    if v is not None:
+        print(f"served under {v.traffic.describe()}: " + (v.error or (
+              f"TTFT {pct} {v.ttft * 1e3:.0f} ms, TPOT {pct} {v.tpot * 1e3:.1f} ms, {v.tokens_per_s_per_chip:.1f} "
+              f"tok/s per chip ({'meets the SLO' if v.ok else v.verdict(pct)})")))
     if mixed:
         print()
-        common.emit(mixed[0], "table", title=f"co-located vs disaggregated, served (closed loop, fewer users until the SLO is met, "
-                                              f"{args.requests}+ requests, SLO at {traffic.percentile if traffic else args.percentile})")
+        common.emit(mixed[0], "table", title="co-located vs disaggregated, served (co-located: closed loop, fewer "
+                                              f"users until the SLO is met, {args.requests}+ requests; SLO at {pct})")
         print(f"verdict: {mixed[1]}")
     if "figure" in extra:
         print(f"frontier figure: {extra['figure']}")
@@ -172,20 +177,10 @@ def run(args) -> None:
         print(emitted.script(), end="")
 
 
-def _colocated(args, result):
-    """Co-located candidates served beside the disaggregated recommendation: their table and the verdict."""
-    import tempfile
-
-    from npusim.planner.colocated import compare_deployments, verdict
-    from npusim.planner.search import _plan_file
-
-    pct = result.traffic.percentile if result.traffic else args.percentile
-    with tempfile.TemporaryDirectory(prefix="npusim-colocated-") as workdir:
-        tried, disagg = compare_deployments(result.scenario, result.slo, result.frontier, result.recommended,
-                                            lambda doc: _plan_file(doc, workdir), percentile=pct,
-                                            requests=args.requests, seed=args.seed)
-    rows = pd.DataFrame([m.row(pct) for m in ([disagg] if disagg else []) + tried]).round(2)
-    return rows, verdict(tried, disagg, result.slo, pct)
+def _colocated(result):
+    """The disaggregated recommendation as served and the co-located deployments beside it, and the verdict."""
+    rows = [m.row(result.percentile) for m in [result.disaggregated] + result.colocated]
+    return pd.DataFrame(rows).round(2), result.verdict
 
 
 def _figure(directory: str, frame: pd.DataFrame, mixed: tuple | None) -> Path:
@@ -212,7 +207,7 @@ def _write_search(result, written, frame: pd.DataFrame, runners_up: pd.DataFrame
     sc = result.scenario
     doc = {"scenario": {"hw": sc.hw, "model": sc.model, "input": sc.input, "output": sc.output,
                         "quant": sc.quant or "model", "overrides": dict(sc.overrides),
-                        "batch": result.recommended.decode.batch},
+                        "batch": result.recommended.batch},
            "slo": {"ttft_s": result.slo.ttft, "tpot_s": result.slo.tpot},
            "frontier": json.loads(frame.to_json(orient="records")),
            "runners_up": json.loads(runners_up.to_json(orient="records")),

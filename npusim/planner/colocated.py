@@ -4,24 +4,24 @@ A co-located instance prefills and decodes on the same ranks (chunked prefill in
 attention + EP MoE), so a prompt's prefill steps stall the decodes running beside it: its TTFT and TPOT are not one
 request's figures. They come from the request-level serving simulation (`npusim serve`): the instance serves a
 closed loop of as many users as its batch, with its running limit per attention-DP rank and a token budget of one
-prompt; TTFT and TPOT are read at the SLO's percentile. The disaggregated recommendation is served the same way, so
-both sides of the verdict are served output tokens per second per chip at the SLO.
+prompt; TTFT and TPOT are read at the SLO's percentile. The disaggregated side is the recommendation served at the
+rate its pools are sized for (`planner.pools`; Poisson arrivals), so both sides of the verdict are served output
+tokens per second per chip at the SLO.
 
 Candidates are the decode layouts of the disaggregated frontier (the layouts that decode best), co-located on
 their own ranks and grown to the deployment's whole chip count, prefilling in chunks of `chunk` tokens per step:
 SGLang's default `--chunked-prefill-size` on Ascend, which it sets from the NPU's memory (`sglang_chunk`). A co-located TPOT cannot beat the same decode alone (prefills only add
 to a step), so each layout starts at the batch its decode met TPOT with and serves fewer users until the served TTFT
 and TPOT meet the SLO: half as many, or at once the concurrency the run's completed request rate sustains when a
-queue built up (Little's law), then bisects twice between the users met and the fewest missed. The disaggregated
-recommendation is walked down the same way: its one prefill instance
-may not keep up with a closed loop as large as its decode batch.
+queue built up (Little's law), then bisects twice between the users met and the fewest missed.
 The one-request figures bound the served ones (prompts only add to a decode step, and a prompt served waits for, then
 shares, steps with the decodes): one prompt prefilled alone on the idle instance (predict, in the same chunks) is
 predicted first, and a layout whose prompt alone misses the TTFT limit is not served at all (a 128K prompt on one DP
 group, without the prefill instance's context parallelism). Each served run carries both bounds, the prompt alone
 and the decode step at its batch without prompts, beside its served TTFT and TPOT.
-Limits: closed-loop load only (a rate is served for the disaggregated frontier by `--rate`); one seed; serving runs
-cost seconds each, so the search is opt-in (`npusim plan --colocated`).
+Limits: co-located layouts under closed loops only, which start all their users at once (a burst the disaggregated
+side's Poisson arrivals do not have: a co-located layout may meet the SLO with more users than its figures show);
+one seed; each serving run costs seconds (`npusim plan --no-colocated` skips them).
 """
 
 from __future__ import annotations
@@ -81,21 +81,19 @@ class Mixed:
                 "alone_ttft_ms": self.alone_ttft * 1e3, "alone_tpot_ms": self.alone_tpot * 1e3, "note": self.error}
 
 
-def _serve(sc, doc: dict, plan_file, describe: str, kind: str, batch: int, dp: int, slo: Slo, percentile: str,
+def _serve(sc, doc: dict, plan_file, describe: str, batch: int, dp: int, slo: Slo, percentile: str,
            requests: int, seed: int, chunk: int) -> Mixed:
-    path = plan_file(doc)
+    """The co-located plan served under a closed loop of `batch` users, `chunk` prompt tokens per step."""
     try:
-        setup = api.load_setup(sc.hw, sc.model, path, sc.quant, dict(sc.overrides))
-        pl = setup.plan
-        ranks = pl.ranks
+        setup = api.load_setup(sc.hw, sc.model, plan_file(doc), sc.quant, dict(sc.overrides))
+        ranks = setup.plan.ranks
         chips = ranks / setup.system.chip_spec.dies
-        budget = sc.input if kind == "disaggregated" else min(sc.input, chunk)
-        served = ServedPlan.of(setup, max_batch=math.ceil(batch / dp), token_budget=budget)
+        served = ServedPlan.of(setup, max_batch=math.ceil(batch / dp), token_budget=min(sc.input, chunk))
         load = ClosedLoop(batch, Fixed(sc.input), Fixed(sc.output))
         summary = served.run(load, seed=seed, requests=max(requests, 2 * batch), slo=slo).summary
     except NpusimError as exc:
-        return Mixed(kind, describe, 0, 0.0, batch, error=exc.detail)
-    return Mixed(kind, describe, ranks, chips, batch, getattr(summary.ttft, percentile),
+        return Mixed("co-located", describe, 0, 0.0, batch, error=exc.detail)
+    return Mixed("co-located", describe, ranks, chips, batch, getattr(summary.ttft, percentile),
                  getattr(summary.tpot, percentile), summary.output_throughput / chips, summary.request_throughput)
 
 
@@ -153,25 +151,13 @@ def _walk(serve, batch: int, slo: Slo, output: int) -> list[Mixed]:
     return tried
 
 
-def compare_deployments(sc, slo: Slo, frontier, recommended, plan_file, *, percentile: str = "p99",
-                        requests: int = 100, seed: int = 0, layouts: int = 2,
-                        chunk: int | None = None) -> tuple[list[Mixed], Mixed | None]:
-    """The co-located candidates tried (in order) and the disaggregated recommendation served the same way (the
-    served run that meets the SLO, else the last tried). `chunk`: the co-located token budget per step (its chunked
-    prefill; default: SGLang's on the system's NPU, `sglang_chunk`); the disaggregated prefill server takes one prompt
-    per step."""
-    if recommended is None:
-        return [], None
+def compare_deployments(sc, slo: Slo, frontier, plan_file, *, percentile: str = "p99", requests: int = 100,
+                        seed: int = 0, layouts: int = 2, chunk: int | None = None) -> list[Mixed]:
+    """The co-located candidates tried, in order. `chunk`: the co-located token budget per step (its chunked
+    prefill; default: SGLang's on the system's NPU, `sglang_chunk`)."""
     if chunk is None:
         system = load_system(sc.hw, api.split_overrides(dict(sc.overrides))["hw"])
         chunk = sglang_chunk(system.chip_spec.hbm.capacity)
-    pre, dec = recommended.prefill.layout, recommended.decode.layout
-    disagg_doc = plan_document(pre, dec)
-    runs = _walk(lambda b: _serve(sc, disagg_doc, plan_file, f"prefill {pre.describe()} + decode {dec.describe()}",
-                                  "disaggregated", b, dec.dp, slo, percentile, requests, seed, chunk),
-                 recommended.decode.batch, slo, sc.output)
-    disagg = max((m for m in runs if m.meets(slo)), key=lambda m: m.served_tokens_per_s_per_chip,
-                 default=runs[-1] if runs else None)
     seen, starts = set(), []
     for cand in sorted(frontier, key=lambda c: -c.decode_tokens_per_s_per_chip):
         # o_proj is split over at least the attention-TP group: layouts differing below it are the same deployment
@@ -198,12 +184,11 @@ def compare_deployments(sc, slo: Slo, frontier, recommended, plan_file, *, perce
             continue
 
         def serve(b, lay=lay, doc=doc, alone=alone):
-            m = _serve(sc, doc, plan_file, lay.describe(), "co-located", b, lay.dp, slo, percentile, requests, seed,
-                       chunk)
+            m = _serve(sc, doc, plan_file, lay.describe(), b, lay.dp, slo, percentile, requests, seed, chunk)
             return replace(m, alone_ttft=alone, alone_tpot=_decode_alone(sc, lay, b, plan_file))
 
         tried += _walk(serve, batch, slo, sc.output)
-    return tried, disagg
+    return tried
 
 
 def verdict(tried: list[Mixed], disagg: Mixed | None, slo: Slo, percentile: str) -> str:

@@ -10,7 +10,12 @@ facts keep the number of predictions small:
 - TPOT and memory do not improve with a larger batch, so the largest batch that meets TPOT is found by bisection.
 
 Configurations that do not divide the model or do not fit in HBM are refused by predict before any timing, so they
-cost a millisecond. The frontier is then predicted again as complete disaggregated plans with the real scenario.
+cost a millisecond. Each pair of a prefill and a decode layout becomes a deployment of pools (`planner.pools`: how
+many prefill and decode instances, sized to the request rate they carry with the queueing waits inside the TTFT
+limit at the SLO's percentile), whose output tokens per chip are the frontier's measure. The frontier is then
+predicted again as complete disaggregated plans, pools included, with the real scenario; the recommendation is served
+at its pools' rate (Poisson arrivals) to confirm it, and co-located deployments are served beside it for the verdict
+(`planner.colocated`; `colocated=False` skips them).
 
 Given a load (`Traffic`), meeting the SLO for one request is necessary, not sufficient: under a request rate TTFT
 gains queueing and TPOT the spread of contexts and MTP draws. The frontier (which then also keeps larger deployments
@@ -35,6 +40,8 @@ import yaml
 
 from npusim import api
 from npusim.errors import NpusimError
+from npusim.planner.colocated import Mixed, compare_deployments, verdict
+from npusim.planner.pools import Pools, size_pools
 from npusim.planner.space import Layout, SearchSpace, plan_document
 from npusim.progress import progress as progress_bar
 from npusim.serving import ClosedLoop, Fixed, OpenLoop, Percentiles, Slo
@@ -116,6 +123,7 @@ class PhasePoint:
     tokens_per_s_per_chip: float = 0.0
     chips: float = 0.0
     error: str = ""
+    step: float = float("inf")  # prefill: the prompt's step, which holds the instance (TTFT less the KV transfer)
 
     @property
     def ok(self) -> bool:
@@ -129,16 +137,23 @@ class PhasePoint:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A deployment: one prefill instance and one decode instance, with their figures."""
+    """A deployment: a pool of prefill instances and a pool of decode instances of one layout each (`pools`: how
+    many of each, sized to the rate they carry together), with their figures."""
 
     prefill: PhasePoint
-    decode: PhasePoint
+    decode: PhasePoint  # one decode instance at its batch
     ttft: float
     tpot: float
-    chips: float
+    chips: float  # both pools
     decode_tokens_per_s_per_chip: float
-    served_tokens_per_s_per_chip: float  # output tokens/s per chip with the prefill chips counted
+    served_tokens_per_s_per_chip: float  # output tokens/s per chip of the pools at their rate, prefill chips counted
     exact: bool = False  # True once predicted as a complete plan
+    pools: Pools = Pools()
+
+    @property
+    def batch(self) -> int:
+        """The global decode batch: every decode instance at its batch."""
+        return self.decode.batch * self.pools.decode
 
     def violation(self, slo: Slo) -> float:
         return violation(self.ttft, self.tpot, slo)
@@ -154,8 +169,8 @@ class Candidate:
         return {"max_batch": math.ceil(self.decode.batch / self.decode.layout.dp), "token_budget": sc.input}
 
     def row(self) -> dict:
-        return {"chips": self.chips, "prefill": self.prefill.layout.describe(),
-                "decode": self.decode.layout.describe(), "batch": self.decode.batch,
+        return {"chips": self.chips, "pools": self.pools.describe(), "prefill": self.prefill.layout.describe(),
+                "decode": self.decode.layout.describe(), "batch": self.batch,
                 "ttft_ms": self.ttft * 1e3, "tpot_ms": self.tpot * 1e3,
                 "decode_tok_s_chip": self.decode_tokens_per_s_per_chip,
                 "served_tok_s_chip": self.served_tokens_per_s_per_chip}
@@ -171,6 +186,8 @@ class Served:
     tpot: float = math.inf
     misses: tuple[str, ...] = ()  # 'ttft', 'tpot'
     error: str = ""
+    tokens_per_s_per_chip: float = 0.0  # output tokens/s per chip over the run's steady window
+    traffic: Traffic | None = None
 
     @property
     def ok(self) -> bool:
@@ -183,13 +200,8 @@ class Served:
 
     def row(self, percentile: str) -> dict:
         return {**self.candidate.row(), f"ttft_{percentile}_ms": self.ttft * 1e3,
-                f"tpot_{percentile}_ms": self.tpot * 1e3, "under_load": self.verdict(percentile)}
-
-
-def served_tokens_per_s_per_chip(input: int, output: int, prefill_tps_chip: float, decode_tps_chip: float) -> float:
-    """Output tokens/s per chip of a deployment whose prefill and decode pools are sized to the same request rate:
-    a request costs input / prefill rate + output / decode rate chip-seconds."""
-    return output / (input / prefill_tps_chip + output / decode_tps_chip)
+                f"tpot_{percentile}_ms": self.tpot * 1e3, "served_tok_s_chip_under_load": self.tokens_per_s_per_chip,
+                "under_load": self.verdict(percentile)}
 
 
 @dataclass
@@ -205,11 +217,20 @@ class SearchResult:
     refusal: str = ""  # when no candidate could run at all: predict's reason for the largest one
     traffic: Traffic | None = None
     served: list[Served] = field(default_factory=list)  # frontier plans served under the traffic, in the order tried
+    percentile: str = "p99"  # the TTFT limit's percentile the pools are sized for (the traffic's, when given)
+    colocated: list[Mixed] = field(default_factory=list)  # co-located deployments served, in the order tried
+    disaggregated: Mixed | None = None  # the recommendation as served beside them
+    verdict: str = ""  # which wins at the SLO, and by how much
 
     @property
     def verified(self) -> Served | None:
         """The recommended plan's run under the traffic."""
         return next((s for s in self.served if s.ok), None)
+
+    @property
+    def confirmed(self) -> Served | None:
+        """The recommended plan served: under the traffic, else at its pools' rate (`served_load`)."""
+        return self.verified if self.traffic is not None else (self.served[-1] if self.served else None)
 
     def closest_served(self, n: int = 5) -> list[Served]:
         """The served plans nearest to the SLO at the traffic's percentile (the worse of the two ratios)."""
@@ -238,7 +259,7 @@ def _predict_role(sc: Scenario, layout: Layout, role: str, batch: int, workdir: 
     except NpusimError as exc:
         return PhasePoint(layout, batch, error=exc.detail)
     if role == "prefill":
-        return PhasePoint(layout, 1, p.ttft, p.prefill_tokens_per_s_per_chip, p.prefill_chips)
+        return PhasePoint(layout, 1, p.ttft, p.prefill_tokens_per_s_per_chip, p.prefill_chips, step=p.prefill.time)
     return PhasePoint(layout, batch, p.tpot, p.tokens_per_s_per_chip, p.decode_chips)
 
 
@@ -303,10 +324,32 @@ def _run(tasks, fn, workers: int, what: str = "", show: bool = False):
 
 # ------------------------------------------------------------------------------------------------ combining
 
-def _combine(sc: Scenario, pre: PhasePoint, dec: PhasePoint) -> Candidate:
-    return Candidate(pre, dec, pre.latency, dec.latency, pre.chips + dec.chips, dec.tokens_per_s_per_chip,
-                     served_tokens_per_s_per_chip(sc.input, sc.output, pre.tokens_per_s_per_chip,
-                                                  dec.tokens_per_s_per_chip))
+@dataclass(frozen=True)
+class Budget:
+    """What the pools are sized within: ranks of the system (or --max-chips), dies per chip, and the percentile the
+    TTFT limit is judged at (the prefill queue's wait)."""
+
+    ranks: int
+    dies: int
+    percentile: str = "p99"
+    load: Traffic | None = None  # the pools then carry its rate (a closed loop's: users / one request's cycle)
+
+
+def _sized(sc: Scenario, slo: Slo, budget: Budget, pre: PhasePoint, dec: PhasePoint, ttft: float, tpot: float,
+           step: float, exact: bool = False) -> Candidate:
+    """The pair with its pools sized (`pools.size_pools`); one instance of each, at the rate the slower carries
+    with no queue, when no pools meet the TTFT limit (a candidate that misses the SLO anyway)."""
+    load = budget.load
+    rate = None if load is None else load.rate or load.concurrency / (ttft + sc.output * tpot)
+    pools = size_pools(sc.output, step, pre.layout.ranks, slo.ttft - ttft, dec.batch, tpot, dec.layout.ranks,
+                       budget.ranks, budget.percentile, rate) or Pools(1, 1, min(1 / step, dec.batch / (sc.output * tpot)))
+    chips = (pools.prefill * pre.layout.ranks + pools.decode * dec.layout.ranks) / budget.dies
+    return Candidate(pre, dec, ttft, tpot, chips, dec.tokens_per_s_per_chip,
+                     sc.output * pools.requests_per_s / chips, exact, pools)
+
+
+def _combine(sc: Scenario, slo: Slo, budget: Budget, pre: PhasePoint, dec: PhasePoint) -> Candidate:
+    return _sized(sc, slo, budget, pre, dec, pre.latency, dec.latency, pre.step)
 
 
 def pareto(cands: list[Candidate], by_total: bool = False) -> list[Candidate]:
@@ -325,36 +368,46 @@ def recommend(frontier: list[Candidate]) -> Candidate | None:
     return min(frontier, key=lambda c: (-c.served_tokens_per_s_per_chip, c.chips, c.tpot), default=None)
 
 
-def _exact(sc: Scenario, cand: Candidate, workdir: str) -> Candidate:
-    """The candidate predicted as one complete disaggregated plan (TTFT then includes the KV transfer)."""
-    p = api.predict(sc.hw, sc.model, _plan_file(plan_document(cand.prefill.layout, cand.decode.layout), workdir),
-                    input=sc.input, output=sc.output, batch=cand.decode.batch, quant=sc.quant,
-                    overrides=dict(sc.overrides))
-    return replace(cand, ttft=p.ttft, tpot=p.tpot, chips=p.prefill_chips + p.decode_chips,
-                   decode_tokens_per_s_per_chip=p.tokens_per_s_per_chip,
-                   served_tokens_per_s_per_chip=served_tokens_per_s_per_chip(
-                       sc.input, sc.output, p.prefill_tokens_per_s_per_chip, p.tokens_per_s_per_chip), exact=True)
+def candidate_plan(cand: Candidate, description: str = "") -> dict:
+    """The plan file of a candidate: its two layouts with their pools' instance counts."""
+    return plan_document(cand.prefill.layout, cand.decode.layout, description,
+                         instances=(cand.pools.prefill, cand.pools.decode))
 
 
-def _exact_or_none(sc: Scenario, cand: Candidate, workdir: str) -> Candidate | None:
+def _exact(sc: Scenario, slo: Slo, budget: Budget, cand: Candidate, workdir: str) -> Candidate:
+    """The candidate predicted as one complete disaggregated plan with its pools (TTFT then includes the KV
+    transfer over the tier the pools span), the pools sized again from those figures until they stay put."""
+    for _ in range(3):
+        p = api.predict(sc.hw, sc.model, _plan_file(candidate_plan(cand), workdir), input=sc.input,
+                        output=sc.output, batch=cand.batch, quant=sc.quant, overrides=dict(sc.overrides))
+        sized = _sized(sc, slo, budget, cand.prefill, cand.decode, p.ttft, p.tpot, p.prefill.time, exact=True)
+        settled = sized.pools.prefill == cand.pools.prefill and sized.pools.decode == cand.pools.decode
+        cand = replace(sized, decode_tokens_per_s_per_chip=p.tokens_per_s_per_chip)
+        if settled:
+            break
+    return cand
+
+
+def _exact_or_none(sc: Scenario, slo: Slo, budget: Budget, cand: Candidate, workdir: str) -> Candidate | None:
     try:
-        return _exact(sc, cand, workdir)
+        return _exact(sc, slo, budget, cand, workdir)
     except NpusimError:  # e.g. the two instances together exceed the system
         return None
 
 
 def _serve(sc: Scenario, cand: Candidate, slo: Slo, traffic: Traffic, workdir: str) -> Served:
     """The candidate's plan file served under the traffic, as the `npusim serve` command of `commands` does."""
-    plan = _plan_file(plan_document(cand.prefill.layout, cand.decode.layout), workdir)
+    plan = _plan_file(candidate_plan(cand), workdir)
     try:
         served = ServedPlan.of(api.load_setup(sc.hw, sc.model, plan, sc.quant, dict(sc.overrides)),
                                **cand.scheduler(sc))
         summary = served.run(traffic.load(sc.input, sc.output), seed=traffic.seed, requests=traffic.requests,
                              slo=slo).summary
     except NpusimError as exc:  # e.g. no HBM left for the KV cache beside the planned batch
-        return Served(cand, error=exc.detail)
+        return Served(cand, error=exc.detail, traffic=traffic)
     pct = traffic.percentile
-    return Served(cand, getattr(summary.ttft, pct), getattr(summary.tpot, pct), summary.misses(slo, pct))
+    return Served(cand, getattr(summary.ttft, pct), getattr(summary.tpot, pct), summary.misses(slo, pct),
+                  tokens_per_s_per_chip=summary.steady_output_throughput / cand.chips, traffic=traffic)
 
 
 def _serve_cheapest_first(sc: Scenario, frontier: list[Candidate], slo: Slo, traffic: Traffic,
@@ -379,9 +432,12 @@ def _families(layouts: list[Layout]) -> list[list[Layout]]:
 def search(hw: str, model: str, *, input: int, output: int, slo: Slo, max_chips: float | None = None,
            quant: str | None = "bf16", overrides: dict[str, str] | None = None, space: SearchSpace | None = None,
            workers: int | None = None, prune: bool = True, closest: int = 5,
-           load: Traffic | None = None, progress: bool = False) -> SearchResult:
+           load: Traffic | None = None, percentile: str = "p99", colocated: bool = True,
+           progress: bool = False) -> SearchResult:
     """Search disaggregated plans for `model` on `hw`; see the module docstring for how. With a `load`, the
-    recommended plan is the cheapest on the frontier that also meets the SLO under it in the serving simulation."""
+    recommended plan is the cheapest on the frontier that also meets the SLO under it in the serving simulation.
+    `colocated`: also serve co-located deployments of the frontier's decode layouts and say which wins
+    (`planner.colocated`)."""
     if slo.ttft is None or slo.tpot is None:
         raise NpusimError("the planner needs both a ttft and a tpot limit, e.g. ttft=2s,tpot=30ms", field="--slo")
     sc = Scenario(hw, model, input, output, quant, tuple(sorted((overrides or {}).items())))
@@ -417,16 +473,20 @@ def search(hw: str, model: str, *, input: int, output: int, slo: Slo, max_chips:
             if meeting:
                 best_pre.append(max(meeting, key=lambda p: p.tokens_per_s_per_chip))
             best_pre.append(min(g, key=lambda p: p.latency))
-        combos = [_combine(sc, p, d) for p in set(best_pre) for d in dec_points
+        sizing = Budget(budget, dies, load.percentile if load is not None else percentile, load)
+        combos = [_combine(sc, slo, sizing, p, d) for p in set(best_pre) for d in dec_points
                   if p.layout.ranks + d.layout.ranks <= budget]
         meeting = [c for c in combos if c.violation(slo) <= 1]
-        result = SearchResult(sc, slo, n_cands, predictions, pruned, traffic=load)
+        result = SearchResult(sc, slo, n_cands, predictions, pruned, traffic=load, percentile=sizing.percentile)
         by_total = load is not None
-        exact = [c for c in _run([(sc, c, workdir) for c in pareto(meeting, by_total)], _exact_or_none, workers,
+        exact = [c for c in _run([(sc, slo, sizing, c, workdir) for c in pareto(meeting, by_total)], _exact_or_none,
+                                     workers,
                                      "frontier as complete plans", progress) if c]
         result.frontier = pareto([c for c in exact if c.violation(slo) <= 1], by_total)
         if load is None:
             result.recommended = recommend(result.frontier)
+            if result.recommended is not None:  # confirmed at the rate its pools are sized for
+                result.served = [_serve(sc, result.recommended, slo, served_load(result), workdir)]
         else:
             result.served = _serve_cheapest_first(sc, result.frontier, slo, load, workdir)
             result.recommended = result.verified.candidate if result.verified else None
@@ -436,22 +496,53 @@ def search(hw: str, model: str, *, input: int, output: int, slo: Slo, max_chips:
             result.refusal = f"{worst.layout.describe()}: {worst.error}" if worst else "no candidate in the space"
         if not result.frontier:
             near = sorted(combos, key=lambda c: (c.violation(slo), c.chips))[:closest]
-            result.closest = [c for c in _run([(sc, c, workdir) for c in near], _exact_or_none, workers) if c]
+            result.closest = [c for c in _run([(sc, slo, sizing, c, workdir) for c in near], _exact_or_none, workers)
+                              if c]
         result.predictions = predictions + len(exact) + len(result.closest)
+        if colocated and result.confirmed is not None:
+            result.disaggregated = _as_mixed(result.confirmed, dies)
+            result.colocated = compare_deployments(
+                sc, slo, result.frontier, lambda doc: _plan_file(doc, workdir), percentile=sizing.percentile,
+                requests=load.requests if load else Traffic.requests, seed=load.seed if load else Traffic.seed)
+            result.verdict = verdict(result.colocated, result.disaggregated, slo, sizing.percentile)
     return result
 
 
+def _as_mixed(served: Served, dies: int) -> Mixed:
+    """The served disaggregated recommendation as a row beside the co-located deployments."""
+    c = served.candidate
+    return Mixed("disaggregated", f"{c.pools.describe()}: prefill {c.prefill.layout.describe()} + decode "
+                                  f"{c.decode.layout.describe()}", round(c.chips * dies), c.chips, c.batch, served.ttft,
+                 served.tpot, served.tokens_per_s_per_chip, c.pools.requests_per_s, served.error or
+                 (f"{served.verdict(served.traffic.percentile)}" if served.misses else ""))
+
+
 def commands(result: SearchResult, path: str | Path) -> list[str]:
-    """The `npusim predict` command that reproduces the recommended plan's figures and, with a load, the
-    `npusim serve` command that confirms it under that load (same plan file, scheduler limits, load and seed)."""
+    """The `npusim predict` command that reproduces the recommended plan's figures and the `npusim serve` command
+    that confirms it under its load (`served_load`; same plan file, scheduler limits, load and seed)."""
     c, sc = result.recommended, result.scenario
     common = f"--hw {sc.hw} --model {sc.model} --plan {path} --input {sc.input} --output {sc.output}"
     tail = f" --quant {sc.quant or 'model'}" + "".join(f" --set {k}={v}" for k, v in sc.overrides)
-    out = [f"npusim predict {common} --batch {c.decode.batch}{tail}"]
+    limits = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in c.scheduler(sc).items())
+    return [f"npusim predict {common} --batch {c.batch}{tail}",
+            f"npusim serve {common} {served_load(result).args()} {limits} --slo {result.slo}{tail}"]
+
+
+HOLDS_SERVED = 10  # the confirming run's arrivals span this many decode holds: its ramp-up costs ~1/20 of the rate
+MAX_SERVED = 5000  # requests, at most (seconds of serving simulation)
+
+
+def served_load(result: SearchResult) -> Traffic:
+    """The load the recommended plan is served under: the search's, else Poisson arrivals at the rate its pools are
+    sized for (a closed loop would start all its users at once, a burst the pools are not sized for), over
+    `HOLDS_SERVED` times a request's decode (at least Traffic's 200 requests)."""
     if result.traffic is not None:
-        limits = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in c.scheduler(sc).items())
-        out.append(f"npusim serve {common} {result.traffic.args()} {limits} --slo {result.slo}{tail}")
-    return out
+        return result.traffic
+    c = result.recommended
+    rate = float(f"{c.pools.requests_per_s:.4g}")
+    hold = result.scenario.output * c.tpot
+    return Traffic(rate=rate, requests=min(MAX_SERVED, max(Traffic.requests, math.ceil(HOLDS_SERVED * rate * hold))),
+                   percentile=result.percentile)
 
 
 def write_plan(result: SearchResult, path: str | Path) -> Path:
@@ -464,11 +555,13 @@ def write_plan(result: SearchResult, path: str | Path) -> Path:
     description = (f"npusim plan: {sc.model} on {sc.hw}, {sc.input} in / {sc.output} out, "
                    f"TTFT {c.ttft * 1e3:.0f} ms <= {result.slo.ttft * 1e3:.0f} ms, "
                    f"TPOT {c.tpot * 1e3:.1f} ms <= {result.slo.tpot * 1e3:.1f} ms")
-    if result.traffic is not None:
-        v, pct = result.verified, result.traffic.percentile
-        description += (f"; under {result.traffic.describe()}: TTFT {pct} {v.ttft * 1e3:.0f} ms, "
-                        f"TPOT {pct} {v.tpot * 1e3:.1f} ms")
-    doc = plan_document(c.prefill.layout, c.decode.layout, description)
+    v = result.confirmed
+    if v is not None and not v.error:
+        pct = v.traffic.percentile
+        description += (f"; {c.pools.describe()} served under {v.traffic.describe()}: TTFT {pct} {v.ttft * 1e3:.0f} ms, "
+                        f"TPOT {pct} {v.tpot * 1e3:.1f} ms, {v.tokens_per_s_per_chip:.1f} tok/s per chip (planned "
+                        f"{c.served_tokens_per_s_per_chip:.1f})")
+    doc = candidate_plan(c, description)
     path = Path(path)
     header = "# Written by npusim plan. Reproduce its prediction (and confirm it under the load) with:\n" + \
         "".join(f"#   {cmd}\n" for cmd in commands(result, path))

@@ -66,15 +66,17 @@ class Layout:
         return f"{self.ranks}r {attn} {moe} " + " ".join(extra)
 
 
-def plan_document(prefill: Layout | None, decode: Layout | None, description: str = "") -> dict:
-    """A plan file (the format `npusim predict --plan` reads) for a prefill and/or a decode layout. The streams
-    both phases share are plan-level; each role's schedule (two microbatches) is its own."""
+def plan_document(prefill: Layout | None, decode: Layout | None, description: str = "",
+                  instances: tuple[int, int] = (1, 1)) -> dict:
+    """A plan file (the format `npusim predict --plan` reads) for a prefill and/or a decode layout, with
+    `instances` of each (prefill, decode). The streams both phases share are plan-level; each role's schedule (two
+    microbatches) is its own."""
     doc: dict = {"description": description} if description else {}
-    for role, layout in (("prefill", prefill), ("decode", decode)):
+    for role, layout, count in (("prefill", prefill, instances[0]), ("decode", decode, instances[1])):
         if layout is not None:
             own = {"two_microbatch": layout.two_microbatch}
             own |= {"attention_cores": layout.attention_cores} if layout.attention_cores else {}
-            doc[role] = layout.instance() | {"streams": own}
+            doc[role] = layout.instance() | ({"instances": count} if count > 1 else {}) | {"streams": own}
     doc["streams"] = {"shared_expert_side_stream": True, "comm_overlap": True}
     depth = decode.mtp_depth if decode is not None else 0
     if depth:
