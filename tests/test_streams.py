@@ -72,3 +72,37 @@ def test_partitions_side_by_side_share_hbm():
     assert [s.end for s in heavy.spans] == pytest.approx([1.35, 1.85])
     with pytest.raises(NpusimError, match="unknown server"):
         run_streams([Task("a", "s1", 1.0, flows=(("l2", 1.0),))], CAP, bw)
+
+
+def test_a_comm_kernel_holding_aiv_cores_slows_the_vector_kernel_beside_it():
+    """A kernel on all 48 AIVs beside an HCCL AIV kernel holding 16 runs its vector part at 32/48 of its rate for
+    as long as the holder runs; a cube-only kernel beside it is not slowed; a holder of every AIV makes it wait."""
+    servers = {"aiv": 48.0}
+    vector = Task("norm", "compute", 3.0, units=24, flows=(("aiv", 48 * 3.0),))
+    alone = run_streams([vector], CAP, servers)
+    assert alone.makespan == pytest.approx(3.0)
+    comm = Task("ag", "comm", 1.0, resource="link", category="comm", holds=(("aiv", 16.0),))
+    beside = run_streams([vector, comm], CAP | {"link": 1}, servers)
+    # 1 s at 32/48 of the rate, then the 3 - 2/3 s of work left at full rate
+    assert beside.spans[0].end == pytest.approx(1.0 + (3.0 - 32 / 48))
+    assert beside.spans[0].end > alone.makespan
+    gemm = Task("gemm", "compute", 3.0, units=24)  # no AIV program: no aiv flow
+    assert run_streams([gemm, comm], CAP | {"link": 1}, servers).spans[0].end == pytest.approx(3.0)
+    mc2 = Task("dispatch", "comm", 1.0, resource="link", category="comm", holds=(("aiv", 48.0),))
+    waits = run_streams([vector, mc2], CAP | {"link": 1}, servers)
+    assert waits.spans[0].end == pytest.approx(4.0)  # its AIV part waits out the dispatch
+    assert waits.spans[1].end == pytest.approx(1.0)  # the holder itself runs at its own time
+
+
+def test_a_comm_kernel_shares_hbm_and_is_never_faster_than_alone():
+    """The collective's local HBM bytes share the server with the kernel beside it, one share per AIV it holds:
+    together never faster than either alone, and with more HBM bandwidth never slower."""
+    kernel = Task("gemm", "compute", 1.0, units=24, flows=(("hbm", 90.0),))
+    comm = Task("combine", "comm", 1.0, resource="link", category="comm", flows=(("hbm", 40.0),), issuers=16)
+    ends = {}
+    for bw in (100.0, 130.0, 200.0):
+        tl = run_streams([kernel, comm], CAP | {"link": 1}, {"hbm": bw})
+        ends[bw] = tl.spans[0].end
+        assert min(s.end - s.start for s in tl.spans) >= 1.0 - 1e-9
+    assert ends[100.0] > 1.0 + 1e-6 and ends[200.0] == pytest.approx(1.0)
+    assert ends[100.0] >= ends[130.0] >= ends[200.0]

@@ -7,6 +7,13 @@ footprint (the unique bytes it reads and writes, `Trace.hbm_bytes`) fits in L2, 
 (warm) and the launch moves nothing through HBM. kernels.md's MSM-GAP pairs measure both for the same shapes on an
 A3 die (K216: a 1548-row embedding gather, 44 MB in and out in 18.8 us, 2.4 TB/s, faster than HBM allows).
 
+Inside a model step (`carried`): a kernel's activation input is the output its predecessor on the stream just
+wrote through the write-back L2. It is still resident when the predecessor's footprint (the bytes it moved through
+HBM: weights, activations, workspaces) fits L2, and the consumer then reads it from L2 (its weights stay cold: the
+rest of the step passes through L2 before the next step reads them again); a predecessor that touched more than L2
+has evicted its own early output, and the consumer starts cold. An input that a collective delivered is cold (the
+peers' writes land in the window buffer, not in this die's L2 by any measurement we have).
+
 Limits: the residency is all or nothing (a footprint above L2 is cold throughout; LRU under a partial fit, the
 other agents sharing L2, the set associativity are not modelled); a step's activations that the previous kernel
 just wrote are timed cold like its weights.
@@ -42,6 +49,11 @@ def warm(trace: Trace, chip: Chip) -> Trace:
                    for g in trace.groups)
     return dataclasses.replace(trace, groups=groups, hbm_bytes=0.0, l2_bytes=trace.hbm_bytes + trace.l2_bytes,
                                tiling={**trace.tiling, "l2": "warm"})
+
+
+def carried(producer_hbm_bytes: float, chip: Chip) -> bool:
+    """Whether the output of a kernel that moved `producer_hbm_bytes` through HBM is still in L2 for the next one."""
+    return producer_hbm_bytes <= chip.l2.size
 
 
 def at_launch(trace: Trace, chip: Chip, state: str) -> Trace:

@@ -5,6 +5,9 @@ cacheline would cost millions of events. A server holds the transfers active at 
 server bandwidth shared max-min fairly (a transfer never exceeds the per-core rate of the pipe that issued it) and
 are re-evaluated only when a transfer starts or ends, so a transfer costs two events however large it is.
 
+A server can be `held`: a communication kernel holding AIV cores takes them out of what the compute flows share
+until it releases them (a held server serves nothing; its flows wait).
+
 A flow has a `weight`: a folded group (Group.copies = n) is simulated once, and each of its transfers stands for n
 identical transfers issued at the same instant by the n copies; it takes n shares of the server, each moving
 `remaining` bytes at `rate` bytes/s.
@@ -47,6 +50,7 @@ class FluidServer:
         self.flows: list[Flow] = []  # in order of arrival
         self.order: list[Flow] = []  # the same, by cap
         self.weight = 0  # sum of the flows' weights
+        self.held = 0.0  # bandwidth taken out by holders (engine/streams.py)
         self.stamp = 0.0  # time up to which `remaining` is accounted
         self.moved = 0.0  # bytes, all copies
         self.busy = 0.0  # seconds with at least one active flow
@@ -60,6 +64,12 @@ class FluidServer:
         self.flows.append(flow)
         insort(self.order, flow, key=_cap)  # after equal caps: the order a stable sort of `flows` would give
         self.weight += flow.weight
+        self._reschedule()
+
+    def hold(self, amount: float) -> None:
+        """Take `amount` of the bandwidth away from the flows (negative: give it back)."""
+        self._advance()
+        self.held += amount
         self._reschedule()
 
     def _advance(self) -> None:
@@ -78,7 +88,7 @@ class FluidServer:
         if not self.flows:
             self._due = math.inf
             return
-        left, weight, first = self.bandwidth, self.weight, math.inf
+        left, weight, first = max(0.0, self.bandwidth - self.held), self.weight, math.inf
         for f in self.order:
             level = left / weight
             if f.cap <= level:
@@ -87,10 +97,16 @@ class FluidServer:
                 weight -= f.weight
             else:
                 f.rate = rate = level
-            t = f.remaining / rate
+            t = f.remaining / rate if rate > 0.0 else math.inf
             if t < first:
                 first = t
         now = self.env.now
+        if first == math.inf:  # everything waits for a holder to give bandwidth back
+            self._due = math.inf
+            if self._wake is not None:
+                self._wake.callbacks.remove(self._on_wake)
+                self._wake, self._wake_at = None, math.inf
+            return
         self._due = now + max(first, 0.0)
         if self._wake is not None:
             if self._wake_at <= self._due:
@@ -110,7 +126,7 @@ class FluidServer:
             return
         finished = [f for f in self.flows if f.remaining <= f.rate * 1e-15 + 1e-9]  # within a femtosecond
         if not finished:  # float round-off left a sliver: finish the nearest one
-            finished = [min(self.flows, key=lambda f: f.remaining / f.rate)]
+            finished = [min(self.flows, key=lambda f: f.remaining / f.rate if f.rate > 0.0 else math.inf)]
         for f in finished:
             self.flows.remove(f)
             self.order.remove(f)

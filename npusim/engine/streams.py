@@ -10,6 +10,18 @@ bytes it moves through named shared servers (fluid, max-min fair, engine/servers
 the rate its own simulation found (bytes / duration, per AIC it holds) and lasts exactly its duration; beside
 another partition's kernel the two are served together, each core capped at its own rate, and a task ends when its
 bytes are through. Limit: a kernel's traffic is taken as steady over its duration (its bursts are not seen).
+
+Communication kernels beside compute kernels (issue 14 item 3): a collective on the comm stream moves its bytes
+through the die's HBM like any kernel (`flows`), and one that runs on the vector cores (HCCL's AIV mode, the fused MC2
+dispatch / combine) `holds` that many AIV cores while it runs. The AIV cores are a server too: a compute kernel's
+`aiv` flow is its AIV count times its duration (core-seconds, each core at most 1 core-second per second); a holder
+takes its cores out of the server at once and gives them back when it ends (its HBM flow takes one fair share per
+core it holds, `issuers`), so a kernel on every AIV beside an HCCL
+kernel holding h of V runs its vector part at (V - h) / V of its rate, and beside the MC2 dispatch holding all V its
+AIV part waits for it. A cube-only kernel (no AIV program) is not slowed by held AIV cores. Limits: the cores are
+fluid (a kernel whose blocks fill the AIVs in one wave would run a second, partial wave; the fluid share charges
+that as a slower rate), and a holder never waits for a running kernel's blocks to free its cores (on the NPU a comm
+kernel launched while a kernel holds every core starts as blocks finish): the work is conserved, its order is not.
 """
 
 from __future__ import annotations
@@ -33,6 +45,8 @@ class Task:
     units: int = 1
     category: str = "compute"  # compute | comm | launch
     flows: tuple[tuple[str, float], ...] = ()  # (shared server, bytes) moved over the task's duration
+    holds: tuple[tuple[str, float], ...] = ()  # (shared server, amount) taken from its flows while the task runs
+    issuers: int = 0  # the DMA issuers its flows are shared among, one share each (0: its units)
 
 
 @dataclass(frozen=True)
@@ -83,7 +97,7 @@ def run_streams(tasks: Iterable[Task], capacity: dict[str, int], servers: dict[s
         missing = [a for a in t.after if a not in known]
         if missing:
             raise NpusimError(f"task '{t.name}' waits for unknown task(s) {missing}")
-        unknown = [name for name, _ in t.flows if name not in (servers or {})]
+        unknown = [name for name, _ in t.flows + t.holds if name not in (servers or {})]
         if unknown:
             raise NpusimError(f"task '{t.name}' moves bytes through unknown server(s) {unknown}")
         if t.resource and t.units > capacity.get(t.resource, 0):
@@ -101,11 +115,15 @@ def run_streams(tasks: Iterable[Task], capacity: dict[str, int], servers: dict[s
             if t.resource:
                 yield pools[t.resource].get(t.units)
             start = env.now
+            for name, amount in t.holds:
+                shared[name].hold(amount)
             moving = [(shared[name], size) for name, size in t.flows if size > 0.0 and t.duration > 0.0]
             if moving:
                 yield simpy.AllOf(env, [_flow(env, server, i, size, t) for i, (server, size) in enumerate(moving)])
             else:
                 yield env.timeout(t.duration)
+            for name, amount in t.holds:
+                shared[name].hold(-amount)
             if t.resource:
                 yield pools[t.resource].put(t.units)
             spans[t.name] = Span(t, start, env.now)
@@ -126,7 +144,7 @@ def run_streams(tasks: Iterable[Task], capacity: dict[str, int], servers: dict[s
 def _flow(env: simpy.Environment, server: FluidServer, owner: int, size: float, task: Task) -> simpy.Event:
     """The task's bytes through one server: `units` equal flows (one per core held) at the task's own rate."""
     event = env.event()
-    weight = max(1, task.units)
+    weight = max(1, task.issuers or task.units)
     server.start(Flow(owner, size / weight, size / weight / task.duration, weight, event.succeed))
     return event
 

@@ -176,6 +176,17 @@ def _node_hccl(c: Collective, system: System, span: int) -> Hccl | None:
     return h if span <= system.ranks_per_node else None
 
 
+def delivered(c: Collective) -> float:
+    """Bytes the collective brings into one rank from its peers (what it sends mirrors them): (g-1)/g of the buffer,
+    twice for an all-reduce (reduce-scatter then all-gather), the whole message of a p2p or broadcast."""
+    if c.group <= 1:
+        return 0.0
+    if c.kind in ("p2p", "broadcast"):
+        return c.bytes
+    share = c.bytes * (c.group - 1) / c.group
+    return 2 * share if c.kind == "all_reduce" else share
+
+
 def _per_rank(c: Collective) -> float:
     """HCCL's data size: the per-rank shard of an all-gather / reduce-scatter, the whole tensor of an all-reduce."""
     return c.bytes if c.kind == "all_reduce" else c.bytes / c.group

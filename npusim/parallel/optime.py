@@ -65,6 +65,7 @@ class OpTime:
     bound: str
     model: str  # "engine" (simulated tile trace) | "roofline" (no tiling yet: roofline / calibrated efficiency)
     activity: "Activity | None" = None  # what the launch did, for the energy model
+    aiv_cores: int = 0  # AIV cores its kernel runs programs on (what a comm kernel holding AIVs takes from)
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,8 @@ def op_time(op: Op, chip: Chip, run: OpRun | str = "graph") -> OpTime:
                 raise NpusimError(f"kernel {k.name} cannot run with buffering {buffering}: its slots "
                                   f"are released in pairs ({exc})", field=f"kernels.{k.name}.buffering") from None
             r = best.result
-            hit = OpTime(op.name, op.kind, r.time, r.roofline, r.bound, "engine", _trace_activity(best.trace, r))
+            hit = OpTime(op.name, op.kind, r.time, r.roofline, r.bound, "engine", _trace_activity(best.trace, r),
+                         _aiv_cores(best.trace))
         else:
             hit = _analytic(op, chip, run)
         _disk_put(key, hit)
@@ -260,6 +262,10 @@ def on_chip(trace: Trace, input_name: str, inputs: bool, outputs: bool) -> Trace
     groups = tuple(dataclasses.replace(g, aic=Program(g.aic.core, body(g.aic.body)) if g.aic else None,
                                        aiv=tuple(Program(p.core, body(p.body)) for p in g.aiv)) for g in trace.groups)
     return dataclasses.replace(trace, groups=groups)
+
+
+def _aiv_cores(trace: Trace) -> int:
+    return sum(g.copies for g in trace.groups for p in g.aiv if p.body)
 
 
 def _trace_activity(trace: Trace, r) -> Activity:
@@ -337,4 +343,4 @@ def _analytic(op: Op, chip: Chip, run: OpRun) -> OpTime:
     activity = Activity(cube_flops=op.flops if cube else 0.0, vector_flops=0.0 if cube else op.flops,
                         hbm_bytes=hbm, l2_bytes=on_l2)
     return OpTime(op.name, op.kind, max(compute_eff, memory_eff) + launch_cost(chip, run.launch), roof, bound,
-                  "roofline", activity)
+                  "roofline", activity, 0 if cube else chip.aiv.count)

@@ -14,6 +14,15 @@ and the FFN/MoE ops on an `ffn` stream holding the rest, so one microbatch's att
 and its dispatch / combine: each kernel is simulated on its partition's cores at their own DMA rates, and kernels
 running side by side share the chip's HBM and L2 as fluid servers (engine/streams.py; a kernel's traffic is taken as
 steady over its duration). With KV offload, a `host` stream gathers the selected cache rows before attention.
+
+In-network effects (issue 14 item 3; the models are the engine's, npusim.engine.l2state and engine/streams.py):
+a kernel whose activation input its predecessor on the stream just wrote reads it from L2 when the predecessor's HBM
+footprint fits L2 (`l2state.carried`; after a collective, or a predecessor that touched more, it starts cold); where
+collectives overlap kernels (a comm stream), the collectives move `chip.comm.hbm_per_byte` local HBM bytes per byte
+delivered through the HBM server the kernels share, and those that run on the vector cores hold AIV cores while they
+run: an HCCL AIV-mode collective `comm.aiv_per_rank` per rank of its group, the fused MC2 MoE dispatch / combine
+(not the bulk all-to-all of a prefill's double routing) `comm.fused_dispatch_aiv` of the die's AIVs (of the FFN
+partition's on core partitions); AI-CPU-expanded collectives (SDMA) hold none.
 """
 
 from __future__ import annotations
@@ -22,9 +31,10 @@ import dataclasses
 import hashlib
 from dataclasses import dataclass
 
+from npusim.engine.l2state import carried
 from npusim.engine.streams import Task, Timeline, run_streams
 from npusim.errors import NpusimError
-from npusim.parallel.collectives import Collective, CommResult, collective_time
+from npusim.parallel.collectives import Collective, CommResult, collective_time, delivered
 from npusim.parallel.fusion import Placement, placements, unfused_topk
 from npusim.parallel.optime import ATTENTION, Activity, OpRun, OpTime, kernel_name, op_time
 from npusim.parallel.shard import SIDE_STREAM_OPS, RankLayer, RankStep, scale_op
@@ -33,6 +43,7 @@ from npusim.spec.reads import ReadsMemo
 from npusim.spec.system import System
 
 HEAD_START = "final_norm"  # the op where a layer's head (final norm, LM head) begins
+MOE_ALL_TO_ALL = ("moe_dispatch", "moe_combine_all_to_all")  # the MoE's dispatch and combine (shard.py)
 
 
 @dataclass(frozen=True)
@@ -240,7 +251,7 @@ def _layer_time(layer: RankLayer, plan: Plan, system: System, streams: Streams |
                       ("mb0.layer_end", "mb1.layer_end"))
     tasks = _interleave(sched.tasks, micro, bool(cores.attn_cores))
     capacity = cores.capacity | {"link": 1, "host": 1}
-    servers = _servers(chip)
+    servers = shared_servers(chip)
     tl = run_streams([t for t in tasks if "L1." not in t.name], capacity, servers)
     time = tl.makespan
     if any("L1." in t.name for t in tasks):  # first layer as simulated, the others at the steady-state increment
@@ -271,11 +282,18 @@ def _add_part(sched: _Schedule, part: RankLayer, tag: str, prev: str | None, off
         feeds.setdefault(c.before, []).append(tag + c.name)
         comm_after.setdefault(c.after, []).append(c)
     first = len(sched.tasks)
+    sharing = bool(cores.attn_cores) or (chip.comm is not None and comm_stream != "compute" and bool(part.comms))
+    producer: OpTime | None = None  # the kernel before this one on the main stream (its output is this one's input)
     for i, op in enumerate(part.ops):
         place = fused.get(op.name, Placement())
         stream, aic = cores.of(offset + i)
-        t = _op_time(op, chip, OpRun(launch if place.first else "none", plan.kernels.get(kernel_name(op)), aic,
-                                     place.input_on_chip, place.output_on_chip), plan)
+        warm_input = (producer is not None and producer.activity is not None and op.name not in feeds
+                      and carried(producer.activity.hbm_bytes, chip))
+        run = OpRun(launch if place.first else "none", plan.kernels.get(kernel_name(op)), aic, place.input_on_chip,
+                    place.output_on_chip)
+        t = _op_time(op, chip, run, plan)
+        if warm_input and not place.input_on_chip:  # an L2 hit never slows the NPU (the engine's fair shares can)
+            t = min(t, _op_time(op, chip, dataclasses.replace(run, input_on_chip=True), plan), key=lambda x: x.time)
         if count:
             sched.ops.append((t, count))
         side = streams.shared_expert_side_stream and op.name in SIDE_STREAM_OPS
@@ -290,33 +308,59 @@ def _add_part(sched: _Schedule, part: RankLayer, tag: str, prev: str | None, off
                                     (prev,) if prev else (), resource="host", units=1, category="comm"))
             after.append(tag + "kv_offload_gather")
         sched.tasks.append(Task(tag + op.name, stream, t.time, tuple(after), resource=pool,
-                                units=aic or chip.aic.count, flows=_traffic(t) if cores.attn_cores else ()))
+                                units=aic or chip.aic.count, flows=traffic(t, chip) if sharing else ()))
         if not side:
             prev = tag + op.name
+            producer = t
         for c in comm_after.get(op.name, ()):
             r = collective_time(c.collective, system)
             if count:
                 sched.comms.append((c.name, r, count))
             # gating fused into the dispatch: tokens leave as their routing is computed, from the gate's start
             src = op.name if not (c.after == "moe_gate" and "moe_gate" in fused) else names[i - 1]
+            pool = chip.aiv.count * (cores.total - cores.attn_cores) / cores.total  # the FFN partition's AIVs
+            fused_moe = c.name in MOE_ALL_TO_ALL and not c.collective.bulk  # the MC2 dispatch / combine kernels
+            flows, holds = comm_load(c.collective, r, chip, pool, fused_moe) if sharing else ((), ())
             sched.tasks.append(Task(tag + c.name, comm_stream, r.time, (tag + src,), resource="link", units=1,
-                                    category="comm"))
+                                    category="comm", flows=flows, holds=holds,
+                                    issuers=int(holds[0][1]) if holds else 0))
     # the part ends when everything of it has finished (side stream and trailing collectives)
     ends = [t.name for t in sched.tasks[first:] if t.name != prev]
     sched.tasks.append(Task(tag + "layer_end", "compute", 0.0, tuple(ends), resource=""))
 
 
-def _traffic(t: OpTime) -> tuple[tuple[str, float], ...]:
-    """What a kernel on a core partition moves through the chip's shared servers while it runs."""
+def traffic(t: OpTime, chip) -> tuple[tuple[str, float], ...]:
+    """What a kernel moves through the chip's shared servers while it runs: its HBM and L2 bytes, and (where the
+    chip says what comm kernels hold) its AIV cores' core-seconds."""
     a = t.activity or Activity()
-    return (("hbm", a.hbm_bytes), ("l2", a.l2_bytes))
+    cores = (("aiv", t.aiv_cores * t.time),) if chip.comm is not None and t.aiv_cores else ()
+    return (("hbm", a.hbm_bytes), ("l2", a.l2_bytes)) + cores
 
 
-def _servers(chip) -> dict[str, float]:
-    """The chip's HBM and L2 (reads and writes together) as the kernels of two partitions share them, at the
-    efficiencies the engine serves them with."""
+def comm_load(c: Collective, r: CommResult, chip, pool: float, fused_moe: bool = False) -> tuple[
+        tuple[tuple[str, float], ...], tuple[tuple[str, float], ...]]:
+    """(flows, holds) of a collective beside the kernels: its local HBM bytes, and the AIV cores it runs on (the
+    fused MC2 MoE dispatch / combine, `fused_moe`; an HCCL AIV-mode kernel; none when the AI CPU expands it onto the
+    DMA engines) out of the `pool` it may use (on core partitions the FFN/MoE path's collectives run on that
+    partition's)."""
+    if chip.comm is None:
+        return (), ()
+    flows = (("hbm", chip.comm.hbm_per_byte * delivered(c)),)
+    if fused_moe:
+        held = chip.comm.fused_dispatch_aiv * pool
+    elif r.algorithm == "hccl-aiv":
+        held = min(pool, chip.comm.aiv_per_rank * c.group)
+    else:
+        held = 0.0
+    return flows, (("aiv", float(held)),) if held else ()
+
+
+def shared_servers(chip) -> dict[str, float]:
+    """The chip's HBM and L2 (reads and writes together) as the kernels beside each other share them, at the
+    efficiencies the engine serves them with, and its AIV cores (core-seconds per second)."""
     eff = chip.efficiency
-    return {"hbm": chip.hbm.bandwidth * eff.hbm, "l2": (chip.l2.read_bandwidth + chip.l2.write_bandwidth) * eff.l2}
+    return {"hbm": chip.hbm.bandwidth * eff.hbm, "l2": (chip.l2.read_bandwidth + chip.l2.write_bandwidth) * eff.l2,
+            "aiv": float(chip.aiv.count)}
 
 
 def _gate_offset(names: list[str], first_side: str) -> int:

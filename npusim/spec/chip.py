@@ -117,6 +117,20 @@ class Overheads:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Comm:
+    """What a communication kernel takes from the die's compute kernels while it runs beside them
+    (npusim.engine.streams): AIV cores it holds and local HBM traffic."""
+
+    hbm_per_byte: float = quantity("number", minimum=0.0, strict=False,
+                                   doc="local HBM bytes moved per byte a collective delivers to this rank (send "
+                                       "buffer read, the peer's write into the window, the window's read-out and "
+                                       "the output's write)")
+    aiv_per_rank: int = count(doc="AIV cores an HCCL AIV-mode collective holds per rank of its group")
+    fused_dispatch_aiv: float = ratio(doc="share of the die's AIV cores the fused MoE dispatch / combine (MC2) "
+                                          "holds")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Power:
     tdp: float = quantity("power")
     idle: float = quantity("power")
@@ -166,6 +180,7 @@ class Chip:
     overheads: Overheads
     power: Power
     energy: Energy | None = None
+    comm: Comm | None = None  # none: communication kernels take nothing from the compute kernels beside them
     efficiency: Efficiency
     price: float = quantity("money", doc="per package")
     provenance: Provenance = internal()
