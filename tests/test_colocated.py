@@ -1,4 +1,4 @@
-"""npusim plan --colocated: co-located deployments of the frontier's decode layouts served in the request-level
+"""npusim plan (co-located by default): co-located deployments of the frontier's decode layouts served in the request-level
 simulation beside the disaggregated recommendation, and the verdict; prefills sharing a co-located instance's steps
 can only slow its decodes."""
 
@@ -9,8 +9,8 @@ import pytest
 from npusim import api
 
 ARGS = ["plan", "--hw", "cloudmatrix384", "--model", "deepseek-v3.2-exp", "--input", "2048", "--output", "256",
-        "--slo", "ttft=2s,tpot=50ms", "--ranks", "16,32", "--mtp", "0", "--workers", "1", "--colocated",
-        "--requests", "40"]
+        "--slo", "ttft=2s,tpot=50ms", "--ranks", "16,32", "--mtp", "0", "--workers", "1", "--requests", "40"]
+# co-located deployments are searched by default (issue 17 item 1); --no-colocated skips their serving runs
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +104,13 @@ def test_the_colocated_chunk_is_sglangs_ascend_default():
     assert sizes == {"cloudmatrix384": 8192, "atlas-800-a2": 8192, "atlas-950-superpod": 8192}
     small = load_system("atlas-800-a2", {"hbm.capacity": "32 GiB", "hbm.usable": "30 GiB"})  # a 910B4's HBM
     assert sglang_chunk(small.chip_spec.hbm.capacity) == 4096
+
+
+def test_no_colocated_skips_the_serving_runs_and_the_verdict(tmp_path):
+    """--no-colocated: the disaggregated search and its confirming run only, no co-located rows or verdict."""
+    from conftest import run_cli
+
+    r = run_cli(*ARGS, "--no-colocated", "--out", tmp_path / "p.yaml", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert "colocated" not in out and "verdict" not in out and out["served"][0]["under_load"] == "meets"
