@@ -76,6 +76,17 @@ def test_rmsnorm_reduces_each_row_in_a_barrier_chain():
     assert catalog.kernel("rowwise", {"rows": 8, "dim": 1536, "op": "layernorm"}).chain(1) == 1
 
 
+def test_int8_dynamic_quant_quantises_row_by_row(chip):
+    """CANN's DynamicQuant: 9 barrier'd steps per row (5 to the scale, 4 to apply it), so its vector time grows with
+    the rows per core at the chain cost; block formats keep one instruction over the tile."""
+    q = catalog.kernel("quantise", {"rows": 1030, "elements": 2304})
+    mx = catalog.kernel("quantise", {"rows": 8, "elements": 7168, "dtype": "mxfp8"})
+    assert q.chains() == (5, 4) and mx.chains() == (0, 0)
+    free = load_chip("910c-die", {"aiv.pipes.vector.issue_cycles": 0})
+    with_chain = simulate(q.trace(chip), chip, launch="device").time
+    assert with_chain > simulate(q.trace(free), free, launch="device").time + 4e-6  # ~21 rows x 8 x 32 ns
+
+
 def test_compressor_uses_the_a3_base_blocks_and_splits_d_at_decode(chip):
     csa = catalog.kernel("compressor", {"m": 4096, "k": 4096, "n": 2048, "ratio": 4, "overlap": 2}).trace(chip)
     hca = catalog.kernel("compressor", {"m": 4096, "k": 4096, "n": 1024, "ratio": 128, "overlap": 1}).trace(chip)

@@ -81,6 +81,7 @@ class Step:
     ins: tuple[str, ...]
     flops: float  # per token over the full wide axis (scaled by the column tile's share)
     args: tuple[tuple[str, object], ...] = ()
+    chain: int = 0  # dependent instructions per token row, each behind a PipeBarrier (0: one over the whole tile)
 
 
 @dataclass(frozen=True)
@@ -281,7 +282,7 @@ class Tiled(Kernel):
             act = Act(s.op, t.ub(s.out), tuple(Ref(f"ub.{n}", (0, 0), (-1, -1)) for n in s.ins), rnd_as(s.out.dtype),
                       s.args + (("tokens", t.bt), ("col0", c0)))
             v.op("vector", s.op, act, flops=s.flops * t.bt * (t.bc / t.W if s.out.split else 1.0),
-                 bytes=4.0 * t.bt * s.out.per * cols, dtype="fp32", src="ub", dst="ub")
+                 bytes=4.0 * t.bt * s.out.per * cols, dtype="fp32", src="ub", dst="ub", issues=max(1, s.chain * t.bt))
         for o in self.outputs() if computes else ():
             if o.dtype in HALF:
                 v.op("vector", f"cast_{o.name}", bytes=4.0 * t.bt * o.per * t.cols(o), dtype="fp32", src="ub",
@@ -634,7 +635,17 @@ class Quantise(Tiled):
         q, s = self.outputs()
         f, e = self.fmt, self.elements
         args = (("elem", f.elem), ("block", f.block), ("scale_fmt", f.scale))
-        return (Step("quant_scale", s, ("x",), 1.0 * e, args), Step("quant_apply", q, ("x", "s"), 2.0 * e, args))
+        scale, apply = self.chains()
+        return (Step("quant_scale", s, ("x",), 1.0 * e, args, scale), Step("quant_apply", q, ("x", "s"), 2.0 * e, args,
+                                                                           apply))
+
+    def chains(self) -> tuple[int, int]:
+        """Dependent steps per row of the scale and apply passes, one per PipeBarrier or hand-off. int8, one scale a
+        row: CANN's DynamicQuant (ops-nn quant/dynamic_quant dynamic_quant.h, Compute) reduces each row on its own —
+        Cast to fp32 | Abs | the repeat Max | WholeReduceMax | Div and the scalar's read of the scale (V->S) — then
+        Muls | Cast to int32 | SetDeqScale | Cast to half and to int8 (back to back). Other formats: not read (one
+        instruction over the tile)."""
+        return (5, 4) if self.dtype == "int8" and self.fmt.block == 0 else (0, 0)
 
 
 @register
