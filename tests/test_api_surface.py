@@ -85,6 +85,15 @@ def test_kernel_sim_json_numbers(cli):
     assert all(0 <= row["busy_pct"] <= 100 for row in out["rows"])
 
 
+def test_kernel_show_json_leaves_a_missing_number_null(cli):
+    r = cli("kernel", "show", "gemm", "--hw", "910b2", "--shape", "m=64,n=7168,k=2048", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)["rows"]
+    pipes = [row for row in rows if row["section"] == "pipe"]
+    assert pipes and all(isinstance(row["bytes"], (int, float)) for row in pipes)
+    assert all(row["bytes"] is None and row["flops"] is None for row in rows if row["section"] == "buffer")
+
+
 def test_listings_describe_every_file(cli):
     plans = json.loads(cli("plan", "list", "--format", "json").stdout)["rows"]
     assert plans == json.loads(cli("list", "plans", "--format", "json").stdout)["rows"]

@@ -112,7 +112,9 @@ def run_show(args) -> None:
     rows.append({"section": "cores", "item": "groups", "value": len(trace.groups), "unit": str(trace.cores)})
     extra = {"kernel": trace.kernel, "chip": trace.chip, "shape": trace.shape, "flops": trace.flops,
              "hbm_bytes": trace.hbm_bytes, "roofline_us": round(roof.time * 1e6, 3), "bound": roof.bound}
-    emit(pd.DataFrame(rows).fillna(""), args.format, title=f"{trace.kernel} on {trace.chip}", extra=extra)
+    frame = pd.DataFrame(rows)  # JSON keeps a missing number null; the table and CSV show it blank
+    emit(frame if args.format == "json" else frame.astype(object).fillna(""), args.format,
+         title=f"{trace.kernel} on {trace.chip}", extra=extra)
     over = [lvl for lvl, used in trace.buffers.items() if cap.get(lvl) is not None and used > cap[lvl]]
     if over:
         kern.trace(chip)  # raises the NpusimError saying by how much
