@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from npusim.engine.sim import Outcome, Simulation
 from npusim.errors import NpusimError
-from npusim.kernels.trace import Loop, Node, Trace
+from npusim.kernels.trace import Trace
 from npusim.spec.chip import Chip
 
 LAUNCH_MODES = ("eager", "graph", "device", "none")
@@ -150,17 +150,10 @@ _memo: OrderedDict[str, KernelResult] = OrderedDict()
 
 
 def content_key(trace: Trace, chip: Chip, launch: str = "eager") -> str:
-    """A digest of everything the simulated time depends on."""
-    groups = tuple((g.copies, tuple(sorted(g.flags.items())),
-                    tuple((p.core, _structure(p.body)) for p in g.programs)) for g in trace.groups)
+    """A digest of everything the simulated time depends on (the trace's program structure: Trace.structure)."""
     content = (trace.kernel, tuple(sorted(trace.shape.items())), repr(sorted(trace.tiling.items(), key=str)),
-               trace.dtype, trace.flops, trace.hbm_bytes, trace.l2_bytes, groups, repr(chip), launch)
+               trace.dtype, trace.flops, trace.hbm_bytes, trace.l2_bytes, trace.structure, repr(chip), launch)
     return hashlib.blake2b(repr(content).encode(), digest_size=20).hexdigest()
-
-
-def _structure(body: tuple[Node, ...]) -> tuple:
-    return tuple((n.count, _structure(n.body)) if isinstance(n, Loop) else
-                 (n.pipe, n.op, n.bytes, n.flops, n.dtype, n.src, n.dst, n.wait, n.set, n.hit, n.issues) for n in body)
 
 
 def simulate(trace: Trace, chip: Chip, *, launch: str = "eager") -> KernelResult:

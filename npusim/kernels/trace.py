@@ -12,6 +12,8 @@ how double buffering is written: the producer waits on a "slot free" flag whose 
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Union
@@ -116,6 +118,15 @@ class Trace:
             c["flops"] += ins.flops * mult
         return {p: dict(c) for p, c in out.items() if c}
 
+    @functools.cached_property
+    def structure(self) -> str:
+        """A digest of what the engine times: each group's copies, flags and programs, every instruction but its
+        functional action. Computed once per trace (the engine keys its memo by it; a sweep reuses tile traces
+        across points, so the walk over a long trace is not repeated)."""
+        groups = tuple((g.copies, tuple(sorted(g.flags.items())),
+                        tuple((p.core, _structure(p.body)) for p in g.programs)) for g in self.groups)
+        return hashlib.blake2b(repr(groups).encode(), digest_size=20).hexdigest()
+
     @property
     def cores(self) -> dict[str, int]:
         n = Counter()
@@ -123,6 +134,11 @@ class Trace:
             for prog in g.programs:
                 n[prog.core] += g.copies
         return dict(n)
+
+
+def _structure(body: tuple[Node, ...]) -> tuple:
+    return tuple((n.count, _structure(n.body)) if isinstance(n, Loop) else
+                 (n.pipe, n.op, n.bytes, n.flops, n.dtype, n.src, n.dst, n.wait, n.set, n.hit, n.issues) for n in body)
 
 
 def walk(body: tuple[Node, ...], mult: int = 1) -> Iterator[tuple[Instr, int]]:
