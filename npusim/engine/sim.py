@@ -74,12 +74,14 @@ causal ramps in paired units) so the groups run together, as the uniform (non-ca
 Faster is not always sooner (a modelling limit)
 -----------------------------------------------
 The shared servers are fair, not critical-path aware: a faster unit can start a transfer earlier, where it takes
-bandwidth from one on the critical path, so a fixed trace can end later on a faster chip. Seen (issue 15's census,
-benchmarks/monotonicity_census.py, 32 of 3,393 checks, every one a rate): mHC post 4096 tokens on a 910B2 with twice
-the vector rate 146.7 -> 157.7 us (its stores now overlap the next tile's loads and HBM idles between the bursts),
-the W8A8 quant matmul 256 x 1536 x 24576 on a 910B2 with twice the cube rate 64.8 -> 68.9 us, RoPE 2048 tokens x 129
-heads on a 910C die with twice the vector rate 63.6 -> 65.4 us, each the same tiling. The tilings never make this
-worse for a buffer (npusim.engine.tune), but a rate's what-if can show it.
+bandwidth from one on the critical path, so a fixed trace can end later on a faster chip. Issue 15's census
+(benchmarks/monotonicity_census.py) finds 28 of 3,420 checks slower at 6d72162, every one a rate and every one this:
+the smaller chip's own tiling runs later on the larger chip, so no choice among the same candidates could avoid it.
+The worst: a W8A8 q_b_proj 256 x 1536 x 24576 on a 910B2 with twice the cube rate 60.9 -> 65.0 us (launched as a
+step does; 64.8 -> 68.9 us standalone), RoPE 2048 tokens x 129 heads on a 910C die with twice the vector rate 63.3 ->
+65.1 us (HBM-bound: the stores now overlap the next tile's loads and HBM idles between the bursts), V4 attention up to
++0.7 %, a prefill TTFT +0.004 %. The tilings never make this worse for a buffer (npusim.engine.tune), but a rate's
+what-if can show it.
 """
 
 from __future__ import annotations

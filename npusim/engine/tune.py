@@ -11,6 +11,13 @@ functional path can execute any of them); one that the chip refuses is skipped.
 Limits: the candidates are the few the estimate ranks best (and, per kernel family, the ones a smaller buffer would
 have chosen), not every tiling: the tuner is as good as that shortlist. Results are memoised by content (the
 candidate's trace and the chip, npusim.engine.result), so a prediction's repeated ops cost one tuning.
+
+Cost: the bundled default's cold prediction simulates 137 candidates for 68 launches where the estimate alone ran
+68 (0.80 s user CPU against 0.54 s, most of the difference the second GEMM candidate of 30 launches). The losers are
+close (median 1.5 % slower than the winner), so two cuts that keep the choice exact were measured and not kept:
+stopping a candidate's simulation when its clock passes the best time saves 2 % of the events, and skipping a
+candidate whose lower bound (its busiest pipe's work, each server's bytes at its bandwidth) reaches the best time
+skips 3 of 66 losers (the bound is 0.91 of the time, median).
 """
 
 from __future__ import annotations
