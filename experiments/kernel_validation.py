@@ -42,6 +42,14 @@ and the DMA row-stride limit (BasicMatmul at K = 80000 copies A row by row, K104
 stays an estimate). catlass 34's single-core split-K kernel (K101-K104) is timed as npusim's own GEMM over NZ
 operands: its AIV padding prologue, A-resident loop and atomic partial sums are not modelled.
 
+Barrier chains (the vector ops that walk rows): CANN's RMSNorm, DynamicQuant and the A2/A3 HcPre reduce each row
+(HcPre: each row step) in a chain of short vector instructions, each behind a PipeBarrier<PIPE_V> (ops-nn
+rms_norm.h, dynamic_quant.h; cann-recipes-infer hc_pre_m_k_split_core.h). The tile programs count those chains
+(RowWise.chain, Quantise.chains, MhcPre.mix_chain) and the engine charges aiv.pipes.vector.issue_cycles for each
+further instruction: one parameter of the 910b2 family, fitted on K193 (RmsNorm replay); K194 (DynamicQuant), K165
+and the A3 HcPre rows of experiments/mhc_validation.py are out of sample. The 950 files leave it unset (their
+arch35 kernels are register-based; no 950 row measures it).
+
 Fused GEMM + all-reduce (K210/pipelined, K211/pipelined, pto-isa gemm_ar): npusim.parallel.overlap runs the GEMM's
 tile trace and sends each output block's reduce-scatter share as its FIXPIPE store ends, then the all-gather; the
 GEMM and the collectives are the same models as the K126 / K127 and K210 / K211 rows, so their errors carry over
