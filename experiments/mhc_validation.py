@@ -48,9 +48,9 @@ READING = """Reading. Nothing here is calibrated to these rows.
   partials' Adds, 1/rms, pre / post sigmoids, the row softmax and 19 Sinkhorn iterations on a 4 x 4 tile), each
   behind a PipeBarrier, and copies each row's H_res partials of every K range one DMA at a time. npusim's trace
   counts those chains (aiv.pipes.vector.issue_cycles, fitted on the RmsNorm row kernels.md K193, not on these rows)
-  and the copies (aiv.pipes.mte2.issue_cycles, fitted on K142): 16-128 tokens -4..-13 %, 4K-64K -18..-21 %. What is
-  left at 4K+ is not in the trace: the scalar's GM reads of hc_scale per row step (GetValue), the stage one / stage
-  two serialisation the guide describes (npusim's prefill blocks overlap the next block's GEMM)."""
+  and the copies (aiv.pipes.mte2.issue_cycles, fitted on K142), in the kernel's one A3 template (every GEMM block,
+  SyncAll, then the second stage, at any size): 16-128 tokens -4..-17 %, 4K-64K -17..-20 %. What is left at 4K+ is
+  not in the trace: e.g. the scalar's GM reads of hc_scale per row step (GetValue)."""
 
 
 def shape(kernel: str, tokens: int) -> dict[str, int]:

@@ -46,15 +46,18 @@ def test_quantisation_round_trip_is_the_formats_own_error():
     assert errs["int8"] < 0.01 and errs["fp8"] < 0.05 and errs["mxfp8"] < 0.05 and errs["mxfp4"] < 0.2
 
 
-@pytest.mark.parametrize("tiles", [{}, {"block_rows": 16, "k_split": 1}, {"block_rows": 16, "k_split": 3}])
-def test_mhc_pre_streaming_and_split_k_forms(tiles):
+@pytest.mark.parametrize("tiles,chip", [({}, "910b2"), ({"block_rows": 16, "k_split": 1}, "910b2"),
+                                        ({"block_rows": 16, "k_split": 3}, "910b2"),
+                                        ({"block_rows": 16, "k_split": 1}, "950pr")])
+def test_mhc_pre_streaming_and_split_k_forms(tiles, chip):
+    """The A2/A3 form (every block, SyncAll, epilogue; K split or not) and the 950's streaming blocks."""
     t, n, d = 37, 4, 256
     x, fn = RNG.standard_normal((t, n, d)), 0.05 * RNG.standard_normal((24, n * d))
     scale, base = np.array([0.8, 1.1, 0.9]), 0.3 * RNG.standard_normal(24)
     kern = MhcPre(t, n, d, 24, 20, **tiles)
     tensors = {"x": rnd(x.reshape(t, n * d), "bf16"), "w": fn.T, "hc": np.concatenate([scale, base])[None],
                "y": np.zeros((t, d)), "post": np.zeros((t, n)), "res": np.zeros((t, n * n))}
-    out = execute(kern.trace(load_chip("910b2")), tensors)
+    out = execute(kern.trace(load_chip(chip)), tensors)
     y, post, res = R.mhc_pre(rnd(x, "bf16"), fn, scale, base)
     assert np.abs(out["y"] - y).max() < 1e-2 * np.abs(y).max()
     assert np.allclose(out["post"], post, atol=1e-6) and np.allclose(out["res"].reshape(t, n, n), res, atol=1e-6)

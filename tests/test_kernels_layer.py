@@ -43,12 +43,17 @@ def chip():
 
 
 def test_mhc_pre_decode_splits_k_prefill_streams_blocks(chip):
+    """Decode splits K; prefill does not. On the A3 the kernel's one template runs every GEMM block, a SyncAll, then
+    the epilogue (hc_pre.cpp tiling key 0) at any size; the 950's prefill streams blocks, epilogue beside GEMM."""
     decode = catalog.kernel("mhc_pre", {"tokens": 16}).trace(chip)
     prefill = catalog.kernel("mhc_pre", {"tokens": 4096}).trace(chip)
+    c310 = load_chip("950pr")
+    streamed = catalog.kernel("mhc_pre", {"tokens": 4096}).trace(c310)
     assert decode.tiling["k_split"] > 1 and decode.cores["aic"] == chip.aic.count
-    assert prefill.tiling["k_split"] == 1
+    assert prefill.tiling["k_split"] == 1 == streamed.tiling["k_split"]
     assert any(i.op == "sync_all" for _, i, _ in decode.instructions())
-    assert not any(i.op == "sync_all" for _, i, _ in prefill.instructions())
+    assert any(i.op == "sync_all" for _, i, _ in prefill.instructions())
+    assert not any(i.op == "sync_all" for _, i, _ in streamed.instructions())
 
 
 def test_mhc_pre_second_stage_walks_rows_in_barrier_chains(chip):

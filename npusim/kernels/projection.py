@@ -7,7 +7,7 @@ writes it to a GM workspace, and the two AIVs run the op's epilogue on half of t
 GM, the workspace double-buffered so block b+1's GEMM overlaps block b's epilogue). Decode (blocks fewer than the
 cores) splits K instead: every core computes a K range of all rows, writes the partial sum, and after a SyncAll
 the vector cores add the partials and run the epilogue on a few rows each (HcPre's decode template, models.md §2.5
-[CRI deepseek_v4_mHC_guide.md]). The Compressor pools rows of other blocks, so it always takes the second form:
+[CRI deepseek_v4_mHC_guide.md]); mHC pre on dav-c220 takes this form at every size (its A3 kernel's only template). The Compressor pools rows of other blocks, so it always takes the second form:
 all GEMM blocks, SyncAll, then the pooling over the compressed entries.
 
 mHC pre computes in fp32 (models.md §2.5): its AIVs first convert the block's x to fp32 in a workspace (and sum
@@ -252,7 +252,8 @@ class Projected(Kernel):
         p = self.plan(chip)
         prog = TileProgram(self.name, chip, self.buffering)
         q = self.queues(prog, p)
-        bands = [self.streaming(prog, q, p)] if p.ksplit == 1 and not self.pool else self.split(prog, q, chip, p)
+        bands = [self.streaming(prog, q, p)] if p.ksplit == 1 and not self.phased(chip) else \
+            self.split(prog, q, chip, p)
         w = self.work()
         return Trace(self.name, chip.name, self.shape, prog.groups(bands, chip.aic.count), w.cube_flops,
                      w.hbm_bytes, self.buffers(prog, chip, p),
@@ -262,6 +263,10 @@ class Projected(Kernel):
 
     def tiling_extra(self, p: Plan) -> dict:
         return {}
+
+    def phased(self, chip: Chip) -> bool:
+        """Every GEMM block first, a SyncAll, then the epilogue (the split form) even when K is not split."""
+        return self.pool
 
     def buffers(self, prog: TileProgram, chip: Chip, p: Plan) -> dict[str, float]:
         return prog.buffers() | {"ub": self.ub(chip, p)}
@@ -484,6 +489,12 @@ class MhcPre(Projected):
         (hc_pre_m_k_split_core.h). The 950's (hc_pre_m_k_split_core_arch35.h) copies the partials with one loop-mode
         DMA and computes in register-based vector functions: not counted (one instruction per op)."""
         return chip.arch == "dav-c220"
+
+    def phased(self, chip: Chip) -> bool:
+        """The A2/A3 HcPre has one template (hc_pre.cpp, tiling key 0): Part1 (cast + GEMM of every row block,
+        SyncAll) then Part2 (the mixes, Sinkhorn and pre-sum), so prefill never overlaps its epilogue with the next
+        block's GEMM; the 950's streams blocks."""
+        return self.stepwise(chip)
 
     def row_factor(self, chip: Chip, parts: int) -> int:
         """Rows per step of the A3 HcPre's second stage (hc_pre_tiling.cpp, CalcMKSplitCoreMembasePart2Tiling): as
