@@ -320,3 +320,11 @@ def test_kernel_shape_option_values(command, kernel, shape, needles):
 ])
 def test_kernel_verify_shape(shape, needle):
     assert_refused(run("kernel", "verify", "rowwise", "--shape", shape), "--shape:", needle)
+
+
+def test_profile_shape_names_the_option():
+    """`profile --shape` (an OpBasicInfo op's shape) refuses as `kernel` does, naming --shape (was field 'shape')."""
+    from pathlib import Path
+    op = Path(__file__).parent / "data" / "msprof" / "cy-lightning-indexer" / "BSND_BSND"
+    assert_refused(run("profile", op, "--hw", "910b3", "--shape", "tokens=1,keys=64,heads=0"), "--shape:",
+                   "'heads=0' must be at least 1")

@@ -12,7 +12,7 @@ import pandas as pd
 
 from npusim.cli import common
 from npusim.cli.kernel import parse_shape
-from npusim.errors import NpusimError
+from npusim.errors import NpusimError, as_written
 from npusim.kernels import catalog
 from npusim.profiles import compare, fit
 from npusim.profiles.figure import scatter
@@ -50,9 +50,12 @@ def run(args) -> None:
     chip = load_chip(args.hw, overrides)
     profile = read_profile(args.file)
     shape = parse_shape(args.shape) if args.shape else None
-    _check_shape_use(profile, shape, args.kernel)
-    ops, skipped = compare.group(profile, shape, args.kernel)
-    results, refused = compare.predict(ops, chip)
+    try:
+        _check_shape_use(profile, shape, args.kernel)
+        ops, skipped = compare.group(profile, shape, args.kernel)
+        results, refused = compare.predict(ops, chip)
+    except NpusimError as exc:  # the shape the user gave is refused as the option that gave it
+        raise (as_written(exc, {"shape": {"field": "--shape"}}) if shape else exc) from None
     table, unmapped = compare.op_table(results), compare.skipped_table(skipped + refused)
     fitted = _calibrate(args, profile, [op for op, _ in results], bool(overrides)) if args.fit else None
     if fitted is not None:
