@@ -94,7 +94,7 @@ def budget() -> pd.DataFrame:
         {"quantity": "one stream, all communication", "published_ms": float("nan"), "predicted_ms": p1.comm * 1e3},
         {"quantity": "two microbatches, exposed communication", "published_ms": 0.0,
          "predicted_ms": p2.exposed_comm * 1e3},
-    ]).assign(error_pct=lambda f: 100 * (f.predicted_ms - f.published_ms) / f.published_ms)
+    ]).assign(error_pct=lambda f: (100 * (f.predicted_ms - f.published_ms) / f.published_ms).where(f.published_ms > 0))
 
 
 def layer_ops(r: Row, layer: str) -> pd.DataFrame:

@@ -55,7 +55,10 @@ class Row:
 
 V32, V31, FLASH, PRO = "deepseek-v3.2-exp", "deepseek-v3.1", "deepseek-v4-flash", "deepseek-v4-pro"
 CM, POD = "cloudmatrix384", "atlas-950-superpod"
-NO_MB = {"plan.streams.two_microbatch": "false", "plan.prefill.microbatches": "1"}
+# A15 without microbatches runs everything on one stream: the shared expert on the current stream in prefill and the
+# double routing's all_to_all_single in order between the experts' kernels (cann-recipes-infer models/deepseek_r1/
+# models/modeling_deepseek.py:465-491 and 681-726 @ fbc225d), so no collective overlaps compute
+NO_MB = {"plan.streams.two_microbatch": "false", "plan.prefill.microbatches": "1", "plan.streams.comm_overlap": "false"}
 # A17's "Prefill 64卡 + Decode 64卡" (cann-recipes-infer @ 8dd3a3b, the 0-day text of the BF16 claim:
 # docs/models/deepseek-v3.2-exp/deepseek_v3.2_exp_inference_guide.md line 16): its decode config is world_size 128 = 64 chips
 # (deepseek_v3.2_exp_rank_128_128ep_decode.yaml, "world_size = 2 * chip_num in A3"), so 卡 counts chips, and the guide
