@@ -101,7 +101,8 @@ class FluidServer:
             if t < first:
                 first = t
         now = self.env.now
-        if first == math.inf:  # everything waits for a holder to give bandwidth back
+        if first == math.inf and not any(f.rate > 0.0 for f in self.flows):  # all wait for a holder's bandwidth
+            # (a flow moving, however slowly, ends: at infinity when a rate too small to time overflows its time)
             self._due = math.inf
             if self._wake is not None:
                 self._wake.callbacks.remove(self._on_wake)
