@@ -39,8 +39,10 @@ kernel (npusim `quant_matmul`, the int32 block dequantised on the AIVs) and its 
 named mechanisms of the 910B family carry the small and long GEMMs: one core's HBM read rate (route hbm>l1, fitted
 on K110-K112's growth with K of a single block), the start-up of a MIX task (overheads.mix_start, fitted on K110)
 and the DMA row-stride limit (BasicMatmul at K = 80000 copies A row by row, K104/basic: no fit, the MTE2 start-up
-stays an estimate). catlass 34's single-core split-K kernel (K101-K104) is timed as npusim's own GEMM over NZ
-operands: its AIV padding prologue, A-resident loop and atomic partial sums are not modelled.
+stays an estimate). catlass 34's single-core split-K kernel (K101-K104) is its own tiling (gemm k_slice: one C tile
+and one 512-deep K slice per block, fp32 partials atomically added into a GM workspace, k outer, the AIVs' cast
+after a SyncAll) over NZ operands; its AIV padding prologue and A-resident L1 loop are not modelled, and K104 (the
+same per-step work as K103 at K = 80000, 3.6x slower measured) is not explained by the tiling.
 
 Barrier chains (the vector ops that walk rows): CANN's RMSNorm, DynamicQuant and the A2/A3 HcPre reduce each row
 (HcPre: each row step) in a chain of short vector instructions, each behind a PipeBarrier<PIPE_V> (ops-nn

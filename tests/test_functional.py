@@ -33,6 +33,20 @@ def test_gemm_small_tiles_and_batch():
     assert np.allclose(out, R.gemm(a, b), atol=0.05 * np.abs(a @ b).max())
 
 
+@pytest.mark.parametrize("k", [768, 1100])  # whole slices; a short last slice
+def test_single_core_split_k_adds_slice_partials_into_the_workspace(k):
+    """catlass 34's split-K (k_slice): each block's fp32 partial of one K slice added into C's workspace in GM (the
+    first slice writes it), then cast by the AIVs after the SyncAll: the product, rounded once to fp16."""
+    a, b = rnd(RNG.standard_normal((1, 100, k)), "fp16"), rnd(RNG.standard_normal((1, k, 96)), "fp16")
+    kern = Gemm(100, 96, k, dtype="fp16", out_dtype="fp16", base_m=64, base_n=64, base_k=64, step_k=4, k_slice=256)
+    t = kern.trace(load_chip("910b2"))
+    assert any(i.op == "sync_all" for _, i, _ in t.instructions())
+    out = execute(t, {"a": a, "b": b, "c": np.zeros((1, 100, 96))})["c"]
+    assert np.allclose(out, rnd(a @ b, "fp16"), rtol=2e-3, atol=1e-2)
+    with pytest.raises(NpusimError, match="k_slice"):
+        dataclasses.replace(kern, k_slice=512).trace(load_chip("910b2"))
+
+
 @pytest.mark.parametrize("t,s,h,k,causal,dtype,chip,tiles", [
     (8, 512, 64, 512, False, "bf16", "910b2", {}),
     (20, 700, 64, 64, True, "bf16", "910b2", {}),

@@ -56,9 +56,12 @@ def mmad(*tiles, shape, qblock=0, transpose_b=False, accumulate=True, **_):
 
 
 @op
-def fixpipe(c, *deq, shape, relu=False, dequant=False, scale=1.0, **_):
+def fixpipe(c, *deq, shape, relu=False, dequant=False, scale=1.0, add=False, **_):
     """L0C -> GM/L1 on the way out: optional per-row x per-column dequant or a constant scale (DEQF16), optional
-    ReLU."""
+    ReLU; `add`: a GM atomic add into the destination (its current contents the last input)."""
+    if add:
+        *deq, old = deq
+        return fixpipe(c, *deq, shape=shape, relu=relu, dequant=dequant, scale=scale) + old
     if dequant:
         sa, sb = deq
         c = c * sa * sb

@@ -3,7 +3,9 @@
 Per output block (base_m x base_n) the AIC streams K: MTE2 brings an L1 tile (base_m x k_l1 of A, k_l1 x base_n
 of B; double-buffered), MTE1 moves base_k slices into L0A/L0B (double-buffered), the cube accumulates into L0C,
 and FIXPIPE writes L0C to GM (converting to the output dtype, dequantising INT8). Blocks are spread over the AICs
-in waves. Grouped GEMM (MoE experts) is the same block body with one band of blocks per expert.
+in waves. Grouped GEMM (MoE experts) is the same block body with one band of blocks per expert. `k_slice` is catlass
+34's single-core split-K instead: a block is one C tile and one L1 tile of K, its fp32 partial added into a GM
+workspace (atomic add), the AIVs casting the workspace after a SyncAll (`Gemm.split_k`).
 
 The block is a tile program (npusim.kernels.program): queues L1 (MTE2 -> MTE1), L0 (MTE1 -> cube) and L0C
 (cube -> FIXPIPE, `l0c_depth` deep) between the stages CopyIn, Split, Compute and CopyOut of `CubeBlock`; a plan's
@@ -26,7 +28,7 @@ from typing import ClassVar
 from npusim.errors import NpusimError
 from npusim.kernels.base import (Allowed, Band, Kernel, Work, capacity, cdiv, nbytes, need_cube, read_seconds, register,
                                  scaled, tiler_buffers)
-from npusim.kernels.program import AIC, Code, Queue, TileProgram, stage
+from npusim.kernels.program import AIC, AIV, Code, Queue, TileProgram, stage
 from npusim.kernels.tile import Act, Lin, Ref, lin
 from npusim.kernels.trace import Trace
 from npusim.spec.chip import Chip
@@ -339,6 +341,7 @@ class CubeBlock:
     strides: tuple[int, int] = (0, 0)  # GM row strides (elements) of the stored A and B
     b_nk: bool = True  # B stored [n, k] (K contiguous: nn.Linear weights, catlass ColumnMajor), else [k, n]
     out_hit: float = 0.0  # fraction of the write that stays in L2 (a workspace the AIVs read back at once)
+    atomic: bool = False  # FIXPIPE adds the block into `out` (GM atomic add) instead of writing it
 
     @property
     def scaled(self) -> bool:
@@ -468,8 +471,10 @@ class CubeBlock:
         c.deque(l0c)
         if self.handoff:
             c.alloc(self.handoff)
-        c.op("fixpipe", "store", Act("fixpipe", self.out, (Ref("l0c", (0, 0, 0), (1, bm, bn)),) + deq, self.out_dtype,
-                                     (("relu", self.relu), ("dequant", self.sch.fixpipe_dequant))),
+        add = (self.out,) if self.atomic else ()
+        c.op("fixpipe", "store", Act("fixpipe", self.out, (Ref("l0c", (0, 0, 0), (1, bm, bn)),) + deq + add,
+                                     self.out_dtype, (("relu", self.relu), ("dequant", self.sch.fixpipe_dequant))
+                                     + ((("add", True),) if self.atomic else ())),
              bytes=nbytes(self.out_dtype, bm, bn), dtype=self.out_dtype, src="l0c", dst="gm", hit=self.out_hit)
         c.free(l0c)
         if self.handoff:
@@ -483,7 +488,7 @@ class Gemm(Kernel):
 
     name: ClassVar[str] = "gemm"
     options: ClassVar[tuple[str, ...]] = ("dtype", "out_dtype", "base_m", "base_n", "base_k", "step_k", "l0c_depth",
-                                          "buffering", "layout_a", "layout_b")
+                                          "buffering", "layout_a", "layout_b", "k_slice")
     limits: ClassVar[dict[str, Allowed]] = {"dtype": Allowed()}  # a scheme, which scheme_of checks
     m: int
     n: int
@@ -499,6 +504,7 @@ class Gemm(Kernel):
     buffering: int = 0  # depth of the double-buffered queues (0 = 2, as written)
     layout_a: str = "mk"  # A stored [m, k] row-major, or "nz" (fractal: no DMA row stride)
     layout_b: str = "nk"  # B stored [n, k] (K contiguous, as nn.Linear weights), "kn" ([k, n] row-major) or "nz"
+    k_slice: int = 0  # catlass 34's single-core split-K: each block one C tile and one L1 tile of K (`split_k`)
 
     @property
     def scheme(self) -> Scheme:
@@ -546,6 +552,8 @@ class Gemm(Kernel):
                               field="shape.layout_a" if self.layout_a not in ("mk", "nz") else "shape.layout_b")
         nk = self.layout_b != "kn"
         strides = (0 if self.layout_a == "nz" else self.k, {"nk": self.k, "kn": self.n, "nz": 0}[self.layout_b])
+        if self.k_slice:
+            return self.split_k(chip, prog, t, (a, b, out), strides, nk, (bi, mi, ni), tm * tn)
         CubeBlock(t, sch, self.k, a, b, out, self.out_dtype, t.l2_hits(chip, self.problem),
                   cube_queues(prog, t, self.problem),
                   sa if sch.scale else None, sb if sch.scale else None,
@@ -554,6 +562,81 @@ class Gemm(Kernel):
         return Trace(self.name, chip.name, self.shape, groups, w.cube_flops, w.hbm_bytes, prog.buffers(),
                      t.describe() | {"blocks": self.batch * tm * tn, "scheme": self.dtype} | prog.tiling(),
                      dtype=sch.cube)
+
+
+    def split_k(self, chip: Chip, prog: TileProgram, t: CubeTiling, refs: tuple[Ref, Ref, Ref],
+                strides: tuple[int, int], nk: bool, idx: tuple[Lin, Lin, Lin], tiles: int) -> Trace:
+        """catlass 34_single_core_splitk_matmul (single_core_slicek_matmul.hpp, SingleCoreSplitkGemmIdentityBlock
+        Swizzle): a block is one C tile and one K slice of `k_slice` (its L1 tile); L0C accumulates the slice only
+        and FIXPIPE adds the fp32 partial into a GM workspace of C (the first slice writes it, the others
+        AtomicAdd: output traffic M N K / k_slice, the workspace resident in L2), slices dealt k outer; after a
+        SyncAll the AIVs cast the workspace to the output dtype (RemovePaddingNDAndCastC). A slice's A and B are read
+        from HBM once and from L2 by the other blocks of the slice. Limits: the blocks are dealt to the cores in
+        waves (catlass gives each core a contiguous range of C tiles), A is reloaded per block (catlass keeps it in
+        L1 while m stays, with one L1 buffer for A and two for B), the AIV padding prologue is not timed."""
+        sch, (a, b, out), (_, mi, ni) = self.scheme, refs, idx
+        if sch.scale or self.k_slice != t.k_l1 or self.batch != 1:
+            raise NpusimError(f"gemm k_slice={self.k_slice}: the L1 tile's K ({t.k_l1}: base_k x step_k) of one "
+                              "unbatched GEMM on an unscaled dtype (fp16, bf16, fp32)", field="shape.k_slice")
+        ks, rem = divmod(self.k, self.k_slice)
+        ws = Ref("gm.cws", out.start, out.size, out.stop)
+        # k outer: the cores work on one K slice at a time, its A (M x k_slice) and B (k_slice x N) a few MB that L2
+        # holds, so each A tile comes from HBM once for the tn blocks of its row and each B tile once for its tm
+        tm, tn = cdiv(self.m, t.base_m), cdiv(self.n, t.base_n)
+        hits = (1.0 - 1.0 / tn, 1.0 - 1.0 / tm)
+        ki = lin(("blk", 1), div=tiles)
+        queues = cube_queues(prog, t, self.problem)
+        bands = []
+        slices = [(0, 1, self.k_slice, False)] + ([(1, ks - 1, self.k_slice, True)] if ks > 1 else []) \
+            + ([(ks, 1, rem, True)] if rem else [])
+        for first, count, depth, atomic in slices:
+            c = prog.code(AIC)
+            c.addr(bi=Lin(0), mi=mi, ni=ni, ki=ki)
+            koff = lin(("ki", self.k_slice), base=first * self.k_slice)
+            CubeBlock(t, sch, depth, at_k(a, 2, koff, 0), at_k(b, 1, koff, 0), ws, "fp32", hits, queues,
+                      strides=strides, b_nk=nk, out_hit=1.0,
+                      atomic=atomic).write(c)
+            bands.append(Band(tiles * count, c.body(), ((), ())))  # no AIV work before the SyncAll
+        bands.append(self.cast_out(prog, t, tiles))
+        w = self.work()
+        return Trace(self.name, chip.name, self.shape, prog.groups(bands, chip.aic.count), w.cube_flops, w.hbm_bytes,
+                     prog.buffers(), t.describe() | {"blocks": tiles, "k_slice": self.k_slice,
+                                                     "scheme": self.dtype} | prog.tiling(), dtype=sch.cube)
+
+    def cast_out(self, prog: TileProgram, t: CubeTiling, tiles: int) -> Band:
+        """After a SyncAll, each AIV casts half of a C tile's rows from the fp32 workspace to the output dtype."""
+        bm, bn, half = t.base_m, t.base_n, cdiv(t.base_m, 2)
+        inq = prog.queue("cin", (AIV, "mte2"), (AIV, "vector"), depth=2, slot={"ub": 4.0 * half * bn})
+        outq = prog.queue("cout", (AIV, "vector"), (AIV, "mte3"), depth=2, slot={"ub": 4.0 * half * bn})
+        tm = cdiv(self.m, bm)
+        bodies, leads = [], []
+        for v_i in range(2):
+            v = prog.code(AIV, v_i)
+            v.addr(bi=Lin(0), mi=lin(("blk", 1), mod=tm), ni=lin(("blk", 1), div=tm, mod=cdiv(self.n, bn)))
+            rows = Lin(v_i * half, (("mi", bm),))
+            src = Ref("gm.cws", (Lin(0, (("bi", 1),)), rows, Lin(0, (("ni", bn),))), (1, half, bn),
+                      (None, self.m, self.n))
+            dst = Ref("c", src.start, src.size, src.stop)
+            v.alloc(inq)
+            v.op("mte2", "load_c", Act("load", Ref("ub.c", (0, 0, 0), (1, half, bn)), (src,), "fp32"),
+                 bytes=4.0 * half * bn, dtype="fp32", src="gm", dst="ub", hit=1.0)
+            v.enque(inq)
+            v.deque(inq)
+            v.alloc(outq)
+            v.op("vector", "cast", Act("copy", Ref("ub.o", (0, 0, 0), (1, half, bn)), (Ref("ub.c", (0, 0, 0),
+                                                                                        (1, half, bn)),),
+                                       self.out_dtype), bytes=4.0 * half * bn, dtype="fp32", src="ub", dst="ub")
+            v.free(inq)
+            v.enque(outq)
+            v.deque(outq)
+            v.op("mte3", "store_c", Act("store", dst, (Ref("ub.o", (0, 0, 0), (1, half, bn)),), self.out_dtype),
+                 bytes=nbytes(self.out_dtype, half, bn), dtype=self.out_dtype, src="ub", dst="gm")
+            v.free(outq)
+            bodies.append(v.body())
+            lead = prog.code(AIV, v_i)
+            lead.sync_all()
+            leads.append(lead.body())
+        return Band(tiles, None, tuple(bodies), lead=tuple(leads))
 
 
 @register
