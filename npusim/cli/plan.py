@@ -150,10 +150,11 @@ def run(args) -> None:
               f"of TTFT {pct}/SLO and TPOT {pct}/SLO):")
         common.emit(closest, "table")
         return
-    if traffic:
+    if traffic or len(result.served) > 1:
         print()
-        common.emit(served, "table", title=f"served under the load, fewest chips first until one meets the SLO "
-                                           f"(one request's TTFT / TPOT beside their {pct} under the load)")
+        title = ("served under the load, fewest chips first until one meets the SLO" if traffic else
+                 "served at their pools' rate, the cheapest tokens first until one meets the SLO")
+        common.emit(served, "table", title=f"{title} (one request's TTFT / TPOT beside their {pct} served)")
     c = result.recommended
     print(f"\nrecommended: {c.pools.prefill} x prefill {c.prefill.layout.describe()} + {c.pools.decode} x decode "
           f"{c.decode.layout.describe()} ({c.pools.describe()}), global batch {c.batch}: TTFT {c.ttft * 1e3:.0f} ms, "

@@ -11,8 +11,8 @@ A request waits twice, and both waits are in its TTFT: for a prefill instance, a
 slot (one of the decode batch's B sequences; a slot is held for output x TPOT). Each wait is at the server it was
 routed to on arrival (the serving simulation sends a request to the rank with the least cache load, as SGLang's
 router picks a prefill and a decode worker per request), so a request waits when every server is busy (Erlang C:
-C(c, a) for c servers offered a = lambda x hold erlangs, Poisson arrivals; Halfin-Whitt's approximation above 64
-servers) for the one in service at its server: the rest of an equal hold, uniform. Each further request queued ahead
+C(c, a) for c servers offered a = lambda x hold erlangs, Poisson arrivals; Halfin-Whitt's approximation above 1024
+servers, which overstates the tail there: conservative) for the one in service at its server: the rest of an equal hold, uniform. Each further request queued ahead
 (again all busy) adds a whole hold: P(wait > t) = C^(1 + floor(t / hold)) (1 - frac(t / hold)). This is not the
 central queue of M/D/c, where the first server free takes the next request and p99 waits are several times shorter:
 binding at arrival is what the served deployment does. The percentile's tail (1 % at p99) is split evenly between
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 TAIL = {"mean": 0.5, "p50": 0.5, "p90": 0.1, "p99": 0.01}  # requests allowed above the percentile
-EXACT_UP_TO = 64  # servers: Erlang B by recurrence up to here, Halfin-Whitt above
+EXACT_UP_TO = 1024  # servers: Erlang B by recurrence up to here, Halfin-Whitt above
 
 
 @dataclass(frozen=True)
@@ -60,27 +60,32 @@ def erlang_c(servers: int, load: float) -> float:
     return b / (1.0 - load / servers * (1.0 - b))
 
 
-def wait_fits(servers: int, load: float, hold: float, headroom: float, percentile: str) -> bool:
-    """Whether the wait of a request routed to one of `servers` on arrival is within `headroom` seconds at
+def wait_fits(servers: int, load: float, headroom: float, percentile: str) -> bool:
+    """Whether the wait of a request routed to one of `servers` on arrival is within `headroom` (in holds) at
     `percentile` (its share of the tail, half), or its mean within it for `mean` (module docstring)."""
     if load >= servers:
         return False
     busy = erlang_c(servers, load)
-    if percentile == "mean":  # the residual half a hold, then a hold per request ahead: C h / 2 + C^2 h / (1 - C)
-        return busy * hold * (0.5 + busy / (1.0 - busy)) <= headroom
-    steps, part = divmod(headroom / hold, 1.0)
+    if percentile == "mean":  # the residual half a hold, then a hold per request ahead: C / 2 + C^2 / (1 - C)
+        return busy * (0.5 + busy / (1.0 - busy)) <= headroom
+    steps, part = divmod(headroom, 1.0)
     return busy ** (1 + steps) * (1.0 - part) <= TAIL[percentile] / 2
 
 
 @lru_cache(maxsize=65536)
-def capacity(servers: int, hold: float, headroom: float, percentile: str) -> float:
-    """The largest request rate `servers` servers of `hold` seconds a request carry with the wait within `headroom`
-    at `percentile` (bisection: the wait grows with the rate)."""
+def _erlangs(servers: int, headroom: float, percentile: str) -> float:
+    """The largest load `servers` carry with the wait within `headroom` holds (bisection: the wait grows with it)."""
     lo, hi = 0.0, float(servers)
     for _ in range(40):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if wait_fits(servers, mid, hold, headroom, percentile) else (lo, mid)
-    return lo / hold
+        lo, hi = (mid, hi) if wait_fits(servers, mid, headroom, percentile) else (lo, mid)
+    return lo
+
+
+def capacity(servers: int, hold: float, headroom: float, percentile: str) -> float:
+    """The largest request rate `servers` servers of `hold` seconds a request carry with the wait within `headroom`
+    seconds at `percentile`."""
+    return _erlangs(servers, headroom / hold, percentile) / hold
 
 
 def size_pools(output: int, prefill_step: float, prefill_ranks: int, headroom: float, decode_batch: int,
