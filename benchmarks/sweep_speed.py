@@ -27,6 +27,7 @@ from npusim.sweeps.spec import SweepSpec
 
 BASE = {"hw": "cloudmatrix384", "model": "deepseek-v3.1", "plan": "r1-a3-decode-a16", "output": 1024,
         "quant": "w8a8c8"}
+BASE_KEYS = ("batch", "hbm.bandwidth", "input", "output")
 
 
 def grid(n: int, axes: int) -> dict:
@@ -56,7 +57,16 @@ def timed(label: str, g: dict, **kw):
     dt, cpu = time.perf_counter() - t0, cpu_seconds() - c0
     print(f"{label:30s} {len(df)} points in {dt:7.1f} s wall, {cpu:7.1f} s CPU ({len(df) / dt:6.1f} points/s), "
           f"{(df['error'] != '').sum()} refused", flush=True)
+    refused(df)
     return df
+
+
+def refused(df) -> None:
+    """The first refusal, so that a count of refused points is never a mystery."""
+    errors = df[df["error"] != ""]
+    if len(errors):
+        row = errors.iloc[0]
+        print(f"  first refused: {dict((k, row[k]) for k in BASE_KEYS if k in row)}: {row['error']}")
 
 
 def dask_mode(g: dict, workers: int):
@@ -75,6 +85,7 @@ def dask_mode(g: dict, workers: int):
         cpu = cpu_seconds() - c0 + sum(client.run(cpu_seconds).values()) - before
     print(f"{'Dask LocalCluster, ' + str(workers) + ' workers':30s} {len(df)} points in {dt:7.1f} s wall, "
           f"{cpu:7.1f} s CPU ({len(df) / dt:6.1f} points/s), {(df['error'] != '').sum()} refused", flush=True)
+    refused(df)
     return df
 
 
@@ -86,8 +97,10 @@ def per_point(g: dict) -> None:
     figures = []
     for p in (points[0], points[1], points[1]):
         t = time.process_time()
-        sweep_run.evaluate(p)
+        row = sweep_run.evaluate(p)
         figures.append((time.process_time() - t) * 1e3)
+        if row["error"]:
+            print(f"  refused: {row['error']}")
     last = list(g)[-1]
     print(f"one point, CPU: cold {figures[0]:.0f} ms, new point sharing its kernels (next {last}) {figures[1]:.0f} ms, "
           f"repeat {figures[2]:.1f} ms")
