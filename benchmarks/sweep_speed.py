@@ -1,16 +1,20 @@
 """The A16 sweep (DeepSeek-R1-class W8A8C8 decode on CloudMatrix384, plan r1-a3-decode-a16): batch x HBM bandwidth x
-prompt length x output length, POINTS_PER_AXIS values each (10 -> 10,000 points; --axes 3 drops the output axis,
-1,000 points). Prints, per mode (local processes, a Dask LocalCluster, serial), the wall time and the CPU time
-(user + sys of this process and its workers: the machine may be shared, and CPU time is what load does not
-distort), then whether the frames are identical, and the cost of one point in one process: cold (empty memos),
-a new point whose layers and kernels a neighbour already timed, and a repeat.
+prompt length x a fourth axis, POINTS_PER_AXIS values each (10 -> 10,000 points; --axes 3 drops the fourth, 1,000
+points). Prints, per mode (local processes, a Dask LocalCluster, serial), the wall time and the CPU time (user + sys
+of this process and its workers: the machine may be shared, and CPU time is what load does not distort), then
+whether the frames are identical, and the cost of one point in one process: cold (empty memos), a new point on the
+fourth axis next to it, and a repeat.
 
-Run: python benchmarks/sweep_speed.py [POINTS_PER_AXIS=10] [--axes 3|4] [--modes local,dask,serial] [--workers 2]
+Run: python benchmarks/sweep_speed.py [POINTS_PER_AXIS=10] [--axes 3|4] [--fourth acceptance|output]
+                                      [--modes local,dask,serial] [--workers 2]
 
-The output axis (1,024 .. 10,240 tokens) moves the mean decode context (input + output / 2), so pairs of prompt and
-output length with the same context share their attention kernels; the batch and bandwidth axes share the GEMMs and
-the tile traces (a tiling reads no bandwidth). The sweep's point cache is off and every mode starts from an empty
-kernel disk cache, so each mode computes everything it reports.
+The fourth axis: `acceptance` (default), the MTP acceptance rate 0.50 .. 0.95, moves TPOT and throughput but no
+layer (the layer memo serves it: the issue's "a layer result depends on fewer fields than a prediction"); `output`,
+1,024 .. 10,240 output tokens, moves the mean decode context (input + output / 2) and so the attention kernels
+themselves: pairs of prompt and output length with the same context share them, the rest is simulated anew. The
+batch and bandwidth axes share the GEMMs and the tile traces (a decode attention's tiling reads no bandwidth). The
+sweep's point cache is off and every mode starts from an empty kernel disk cache, so each mode computes everything
+it reports.
 """
 
 from __future__ import annotations
@@ -27,15 +31,20 @@ from npusim.sweeps.spec import SweepSpec
 
 BASE = {"hw": "cloudmatrix384", "model": "deepseek-v3.1", "plan": "r1-a3-decode-a16", "output": 1024,
         "quant": "w8a8c8"}
-BASE_KEYS = ("batch", "hbm.bandwidth", "input", "output")
+BASE_KEYS = ("batch", "hbm.bandwidth", "input", "output", "plan.mtp.acceptance")
 
 
-def grid(n: int, axes: int) -> dict:
+FOURTH = {"acceptance": lambda n: ("plan.mtp.acceptance", [round(0.5 + 0.45 * i / max(1, n - 1), 3) for i in range(n)]),
+          "output": lambda n: ("output", [1024 * (i + 1) for i in range(n)])}
+
+
+def grid(n: int, axes: int, fourth: str = "acceptance") -> dict:
     g = {"batch": [1024 * (i + 1) for i in range(n)],
          "hbm.bandwidth": [f"{1.2 + 0.2 * i:.1f}TB/s" for i in range(n)],
          "input": [1024 * (i + 1) for i in range(n)]}
     if axes == 4:
-        g["output"] = [1024 * (i + 1) for i in range(n)]
+        key, values = FOURTH[fourth](n)
+        g[key] = values
     return g
 
 
@@ -110,10 +119,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("n", nargs="?", type=int, default=10, help="points per axis")
     ap.add_argument("--axes", type=int, choices=(3, 4), default=4)
+    ap.add_argument("--fourth", choices=sorted(FOURTH), default="acceptance")
     ap.add_argument("--modes", default="local", help="comma-separated: local, dask, serial")
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
-    g = grid(args.n, args.axes)
+    g = grid(args.n, args.axes, args.fourth)
     print(f"{os.cpu_count()} cores; {' x '.join(f'{k} ({len(v)})' for k, v in g.items())}")
     frames = {}
     for mode in args.modes.split(","):  # parallel modes first: the parent computes nothing there
