@@ -54,6 +54,27 @@ def test_hccl_model_is_node_local_and_leaves_other_kinds_alone():
     assert load_system("atlas-800-a2").hccl is None
 
 
+def test_plain_hccl_all_to_all_takes_the_aiv_kernel_up_to_its_entry_and_moe_dispatch_keeps_its_setup():
+    """A plain HCCL AlltoAll in a node (o_proj's head exchange) is one AIV kernel while each peer's data fits
+    AIV_ALL_TO_ALL_A3_ENTRY_SIZE, the AI CPU ring above it; the fused MoE dispatch of the same bytes keeps the UB
+    setup fitted on K01/K08."""
+    entry = A3.hccl.aiv_entry["all_to_all"]
+    small = t("all_to_all", 16 * KIB, 8, hccl=True)
+    assert small.algorithm == "hccl-aiv"
+    assert small.time == pytest.approx(A3.hccl.aiv_setup + A3.tiers["ub"].latency, rel=0.1)
+    below, above = t("all_to_all", entry, 8, hccl=True), t("all_to_all", entry + KIB, 8, hccl=True)
+    assert below.algorithm == "hccl-aiv" and above.algorithm == "hccl-aicpu-ring" and above.time > below.time
+    moe = t("all_to_all", 16 * KIB, 8)
+    assert not moe.algorithm.startswith("hccl") and moe.time > A3.tiers["ub"].setup > 5 * small.time
+
+
+def test_only_a_non_bulk_all_to_all_is_marked_hccl():
+    from npusim.errors import NpusimError
+    for kw in ({"kind": "all_gather", "hccl": True}, {"kind": "all_to_all", "hccl": True, "bulk": True}):
+        with pytest.raises(NpusimError, match="plain HCCL"):
+            Collective(bytes=1.0, group=4, **kw)
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.sampled_from(["all_gather", "reduce_scatter", "all_reduce"]), st.integers(1, 64 << 20),
        st.sampled_from([2, 4, 8, 16]))

@@ -8,14 +8,15 @@ fixed `setup` (software start-up, calibrated) once, plus `latency` per algorithm
 full mesh is one link (tier bandwidth / links per rank); switched tiers (switch, Clos, fat tree) give each rank its
 whole port bandwidth to any peer. All rates are scaled by the chip's calibrated `efficiency.link`.
 
-HCCL inside a node (a system with an `hccl:` block; all-gather, reduce-scatter and all-reduce of a group that one
-node holds): each rank's shard reaches every peer, the peers on each tier at once — a 910C die reaches its package
+HCCL inside a node (a system with an `hccl:` block; all-gather, reduce-scatter, all-reduce and a plain HCCL
+AlltoAll of a group that one node holds — o_proj's head exchange, not the fused MoE dispatch / combine, which are MC2
+kernels of their own and keep the tier model): each rank's shard reaches every peer, the peers on each tier at once — a 910C die reaches its package
 partner over SIO while the other dies' shards come over UB — so the bytes take the slowest tier's share. A
 collective whose per-rank data fits HCCL's AIV entry size runs as one vector-core kernel that writes to all peers
 in one round (`aiv_setup` and one latency); a larger one is expanded by the AI CPU into a ring of DMA steps
 (`aicpu_setup` and a latency per step): that switch is the 5x step in all-gather time near 512 KiB per rank on A3.
 A reduce-scatter then streams the g shards it holds through HBM to sum them (read g, write one); an all-reduce is a
-reduce-scatter and an all-gather. Rates are `hccl.efficiency` of the tiers' bandwidth.
+reduce-scatter and an all-gather; an all-to-all is the exchange alone (each peer gets its own shard). Rates are `hccl.efficiency` of the tiers' bandwidth.
 A bulk all-to-all (the prefill's expert dispatch and combine: HCCL all_to_all_v of cann-recipes' double routing,
 DeepEP normal mode) moves its rows at a further `efficiency.bulk_all_to_all` of that rate and pays
 `overheads.all_to_all_peer` for every other rank of its group (a transfer and notify task per peer; fitted on K07);
@@ -40,8 +41,9 @@ class Collective:
     """One collective over `group` ranks.
 
     bytes: all_gather / broadcast: the full output per rank; reduce_scatter / all_reduce: the full input per rank;
-    all_to_all: everything one rank sends (its share to itself included); p2p: the message. `bulk`: an all-to-all run
-    by a bulk kernel (prefill), not the fused low-latency one.
+    all_to_all: everything one rank sends (its share to itself included); p2p: the message. An all-to-all is the
+    fused low-latency MoE dispatch / combine (MC2) unless `bulk` (a bulk kernel: the prefill's) or `hccl` (a plain
+    HCCL AlltoAll call, e.g. o_proj's head exchange).
     """
 
     kind: str
@@ -50,6 +52,7 @@ class Collective:
     stride: int = 1
     algorithm: str = "auto"
     bulk: bool = False
+    hccl: bool = False
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -61,6 +64,9 @@ class Collective:
             raise NpusimError(f"collective {self.kind} needs group >= 1, stride >= 1 and bytes >= 0")
         if self.bulk and self.kind != "all_to_all":
             raise NpusimError(f"only an all-to-all runs as a bulk kernel, not {self.kind}", field="bulk")
+        if self.hccl and (self.kind != "all_to_all" or self.bulk):
+            raise NpusimError(f"only a non-bulk all-to-all is marked as a plain HCCL call, not {self.kind}"
+                              f"{' (bulk)' if self.bulk else ''}", field="hccl")
 
 
 @dataclass(frozen=True)
@@ -173,6 +179,8 @@ def _node_hccl(c: Collective, system: System, span: int) -> Hccl | None:
     h = system.hccl
     if h is None or c.kind not in HCCL_KINDS or c.group < 2 or c.algorithm != "auto":
         return None
+    if c.kind == "all_to_all" and not c.hccl:
+        return None
     return h if span <= system.ranks_per_node else None
 
 
@@ -188,7 +196,8 @@ def delivered(c: Collective) -> float:
 
 
 def _per_rank(c: Collective) -> float:
-    """HCCL's data size: the per-rank shard of an all-gather / reduce-scatter, the whole tensor of an all-reduce."""
+    """HCCL's data size: the per-rank shard of an all-gather / reduce-scatter (of an all-to-all: what each peer
+    gets), the whole tensor of an all-reduce."""
     return c.bytes if c.kind == "all_reduce" else c.bytes / c.group
 
 
@@ -214,5 +223,6 @@ def _hccl_time(c: Collective, system: System, h: Hccl, span: int) -> float:
     aiv = _per_rank(c) <= h.aiv_entry[c.kind]
     transfer = _hccl_exchange(shard, c, system, h, aiv)
     reduce = c.group * shard / (chip.hbm.bandwidth * chip.efficiency.hbm)  # sum the g shards a rank holds, in HBM
-    body = {"all_gather": transfer, "reduce_scatter": transfer + reduce, "all_reduce": 2 * transfer + reduce}[c.kind]
+    body = {"all_gather": transfer, "all_to_all": transfer, "reduce_scatter": transfer + reduce,
+            "all_reduce": 2 * transfer + reduce}[c.kind]
     return (h.aiv_setup if aiv else h.aicpu_setup) + body

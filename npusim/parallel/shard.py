@@ -163,9 +163,9 @@ def _comms(name: str, ops: tuple[Op, ...], inst: Instance, model: ModelConfig, q
     names = [o.name for o in ops]
     out: list[Comm] = []
 
-    def add(name, kind, size, group, after, before, bulk=False):
+    def add(name, kind, size, group, after, before, bulk=False, hccl=False):
         if group > 1 and after in names and (before in names or before == ""):
-            out.append(Comm(name, Collective(kind, size, group, bulk=bulk), after, before))
+            out.append(Comm(name, Collective(kind, size, group, bulk=bulk, hccl=hccl), after, before))
 
     if phase == "prefill" and a.cp > 1 and "attention" in names:
         row = accounting.kv_row_bytes(model, quant) + (  # indexer keys only where a rank scores them
@@ -191,7 +191,7 @@ def _comms(name: str, ops: tuple[Op, ...], inst: Instance, model: ModelConfig, q
         nxt = names[names.index(o_op) + 1] if names.index(o_op) + 1 < len(names) else ""
         if o > a.tp:  # heads of other attention-TP groups' tokens brought in
             add("o_proj_all_to_all", "all_to_all", tokens * model.num_attention_heads *
-                (model.v_head_dim or model.head_dim) * 2 / a.tp, o, prev, o_op)
+                (model.v_head_dim or model.head_dim) * 2 / a.tp, o, prev, o_op, hccl=True)  # torch all_to_all
         kind = "all_reduce" if a.tp > 1 and a.tp_reduce == "all_reduce" and o == a.tp else "reduce_scatter"
         add("o_proj_reduce_scatter" if kind == "reduce_scatter" else "o_proj_all_reduce", kind, die * o * h * 2, o,
             o_op, nxt)

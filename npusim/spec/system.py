@@ -29,7 +29,7 @@ class Tier:
     links_per_rank: int = count(default=1)
 
 
-HCCL_KINDS = ("all_gather", "reduce_scatter", "all_reduce")
+HCCL_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 
 
 @dataclass(frozen=True, kw_only=True)
