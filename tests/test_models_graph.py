@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,7 @@ from npusim.graph import build_graph
 from npusim.graph.accounting import parameters
 from npusim.graph.positions import Queries, prefix_floor, prefix_min
 from npusim.spec.model import load_model
-from npusim.spec.quant import BF16
+from npusim.spec.quant import BF16, get_quant
 
 K128 = 131072
 
@@ -161,6 +163,31 @@ def test_ascend_int8_keeps_kv_b_in_bf16_and_quantises_bf16_inputs_in_prefill(m):
     assert not any(op.name.endswith("_quant") for op in bf16.ops)
     fp8 = build_graph(v31, "prefill", 2, 4096, quant="fp8").layer("mla-moe")
     assert fp8.op("kv_b_proj").dtypes["b"] == "fp8"  # the DeepSeek checkpoint's own format
+
+
+def test_v32_int8_keeps_q_a_kv_a_and_indexer_wk_in_bf16_r1_quantises_them(m):
+    """V3.2-Exp's INT8 conversion ignores q_a_proj, kv_a_proj_with_mqa and the indexer's wk (convert_model.py
+    :174-178); R1's quantises them. A BF16 linear gets no DynamicQuant before it, and its weights count at 2 B."""
+    v32, v31 = m["deepseek-v3.2-exp"], m["deepseek-v3.1"]
+    for quant in ("w8a8", "w8a8c8", "w4a8", "w4a8c8"):
+        pre = build_graph(v32, "prefill", 1, 4096, quant=quant).layer("dsa-moe")
+        dec = build_graph(v32, "decode", 8, 4096, quant=quant).layer("dsa-moe")
+        for g in (pre, dec):
+            assert {g.op(n).dtypes["b"] for n in ("q_a_proj", "kv_a_proj", "idx_k_proj")} == {"bf16"}
+            assert g.op("q_a_proj").dtypes["a"] == "bf16"
+            assert g.op("q_b_proj").dtypes["b"] == "int8" and g.op("idx_q_b_proj").dtypes["b"] == "int8"
+        quants = [op.name for op in pre.ops if op.name.endswith(("_proj_quant", "_up_quant"))]
+        assert quants == ["q_b_proj_quant", "o_proj_quant", "shared_gate_up_quant"]
+    r1 = build_graph(v31, "prefill", 1, 4096, quant="w8a8").layer("mla-moe")
+    assert r1.op("q_a_proj").dtypes["b"] == "int8" and r1.op("kv_a_proj").dtypes["b"] == "int8"
+    p = parameters(v32)
+    h, ql, kv_a, idim = v32.hidden_size, v32.q_lora_rank, v32.kv_lora_rank + v32.qk_rope_head_dim, v32.index_head_dim
+    assert p.by_class["mla_a"] == v32.num_hidden_layers * h * (ql + kv_a)
+    assert p.by_class["indexer_k"] == v32.num_hidden_layers * h * idim
+    assert "mla_a" not in parameters(v31).by_class
+    w8 = get_quant("w8a8")
+    assert p.weight_bytes(w8) - p.weight_bytes(replace(w8, mla_a=w8.attention, indexer_k=w8.indexer)) == \
+        pytest.approx(p.by_class["mla_a"] + p.by_class["indexer_k"])  # 2 B instead of 1 B each
 
 
 # ------------------------------------------------------------------------------------------ DeepSeek-V4

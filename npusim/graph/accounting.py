@@ -126,17 +126,24 @@ def _attention(model: ModelConfig, layer: int, acc: dict[str, float]) -> float:
             return quantised + plain
         return 0.0
     nope, v, kvl = model.qk_nope_head_dim, model.v_head_dim, model.kv_lora_rank
-    _add(acc, "attention", h * ql + ql * nh * (nope + rope) + h * (kvl + rope) + nh * v * h)
+    _add(acc, "attention", ql * nh * (nope + rope) + nh * v * h)
+    _add(acc, mla_a_class(model), h * ql + h * (kvl + rope))
     _add(acc, "kv_b", kvl * nh * (nope + v))
     _add(acc, UNQUANTISED, kvl)
     if not model.has_indexer:
         return 0.0
     ih, idim = model.index_n_heads, model.index_head_dim
-    quantised = ql * ih * idim + h * idim
+    _add(acc, "indexer", ql * ih * idim)
+    _add(acc, "indexer_k", h * idim)
     plain = h * ih + 2 * idim  # weights_proj, k LayerNorm weight + bias
-    _add(acc, "indexer", quantised)
     _add(acc, UNQUANTISED, plain)
-    return quantised + plain
+    return ql * ih * idim + h * idim + plain
+
+
+def mla_a_class(model: ModelConfig) -> str:
+    """Weight class of MLA's q_a_proj and kv_a_proj: V3.2-Exp's INT8 conversion keeps them BF16, R1's (V3)
+    quantises them with the rest of attention (spec.quant, ASCEND_INT8_KEEPS_BF16)."""
+    return "mla_a" if model.model_type == "deepseek_v32" else "attention"
 
 
 FFN_CLASSES = ("routed_experts", "shared_experts", "dense_ffn")

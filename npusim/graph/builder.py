@@ -70,9 +70,10 @@ class _Layers:
         m, t = self.m, self.t
         h, nh, ql, rope_d = m.hidden_size, m.num_attention_heads, m.q_lora_rank, m.qk_rope_head_dim
         nope, v, kvl = m.qk_nope_head_dim, m.v_head_dim, m.kv_lora_rank
-        ops = [norm("attn_norm", t, h), self.linear("q_a_proj", h, ql, "attention"), norm("q_norm", t, ql),
+        a = accounting.mla_a_class(m)
+        ops = [norm("attn_norm", t, h), self.linear("q_a_proj", h, ql, a), norm("q_norm", t, ql),
                self.linear("q_b_proj", ql, nh * (nope + rope_d), "attention"),
-               self.linear("kv_a_proj", h, kvl + rope_d, "attention"), norm("kv_norm", t, kvl),
+               self.linear("kv_a_proj", h, kvl + rope_d, a), norm("kv_norm", t, kvl),
                rope("rope", t, nh + 1, rope_d),
                cache_store("kv_cache_update", t, kvl + rope_d, self.kv_row, self.quant.kv_cache)]
         if m.has_indexer:
@@ -91,7 +92,7 @@ class _Layers:
         m, t = self.m, self.t
         ih, idim = m.index_n_heads, m.index_head_dim
         heads = ih if select else 0  # query heads roped and rotated beside the one key head
-        key_path = [self.linear("idx_k_proj", m.hidden_size, idim, "indexer"),
+        key_path = [self.linear("idx_k_proj", m.hidden_size, idim, "indexer_k"),
                     norm("idx_k_norm", t, idim, kind="layernorm"),
                     rope("idx_rope", t, heads + 1, m.qk_rope_head_dim), self.hadamard(heads + 1)]
         store = cache_store("indexer_cache_update", t, idim, self.idx_row, self.quant.indexer_cache)

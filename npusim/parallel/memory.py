@@ -63,7 +63,9 @@ def weight_bytes(model: ModelConfig, plan: Plan, phase: str, quant: QuantScheme)
     share = {
         "attention": None,  # split below: o_proj over its group, the rest by attention TP
         "kv_b": 1.0 / inst.attention.tp,  # by heads, as the rest of attention
+        "mla_a": 1.0 / inst.attention.tp,  # as 'attention' holds them under R1's conversion
         "indexer": 1.0,  # replicated over attention TP (SGLang / vLLM Indexer)
+        "indexer_k": 1.0,
         "routed_experts": local_experts / model.n_routed_experts / inst.moe.tp,
         "shared_experts": 1.0 / inst.moe.tp,
         "dense_ffn": 1.0 / inst.dense_tp,

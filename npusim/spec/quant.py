@@ -47,14 +47,18 @@ INT8_HEAD = Storage(dtype="int8", scale_bytes=2.0, block=128)  # Ascend C8 index
 MXFP8 = Storage(dtype="mxfp8", scale_bytes=1.0, block=32)  # OCP MX: e8m0 per 32
 MXFP4 = Storage(dtype="mxfp4", scale_bytes=1.0, block=32)
 FP8_KV_V4 = Storage(dtype="fp8", scale_bytes=1.0, block=64)  # GUESS: V4 QAT simulates fp8 nope, block 64, ue8m0
-WEIGHT_CLASSES = ("attention", "kv_b", "indexer", "routed_experts", "shared_experts", "dense_ffn", "lm_head",
-                  "embedding")
+WEIGHT_CLASSES = ("attention", "kv_b", "mla_a", "indexer", "indexer_k", "routed_experts", "shared_experts",
+                  "dense_ffn", "lm_head", "embedding")
 # kv_b: MLA's key/value up-projection (kv_b_proj, and its absorbed halves q_absorb / o_absorb). Ascend's INT8
 # checkpoints leave it BF16: cann-recipes-infer models/deepseek_r1/utils/convert_model.py:108 and
 # models/deepseek_v3_2_exp/utils/convert_model.py:176 put self_attn.kv_b_proj on the quantisation ignore list, and the
 # R1 prefill multiplies by its split BF16 halves with torch.matmul (models/deepseek_r1/models/modeling_deepseek.py
 # :1061-1062). The FP8 / MX presets keep the checkpoint's own format.
-ASCEND_INT8_KV_B = BF16
+# mla_a (q_a_proj, kv_a_proj_with_mqa) and indexer_k (the DSA indexer's wk): V3.2-Exp's INT8 conversion ignores them
+# too (models/deepseek_v3_2_exp/utils/convert_model.py:174, :177, :178 @ fbc225d); R1's quantises them (its
+# generate_ignore_item, deepseek_r1/utils/convert_model.py:102-115, lists kv_b_proj only), so a V3 model's q_a / kv_a
+# stay in the class 'attention' (graph.accounting.mla_a_class).
+ASCEND_INT8_KEEPS_BF16 = ("kv_b", "mla_a", "indexer_k")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,7 +73,9 @@ class QuantScheme:
     description: str
     attention: Storage
     kv_b: Storage
+    mla_a: Storage
     indexer: Storage
+    indexer_k: Storage
     routed_experts: Storage
     shared_experts: Storage
     dense_ffn: Storage
@@ -89,8 +95,8 @@ class QuantScheme:
 
 def _scheme(name: str, description: str, *, linear: Storage, activation: Storage, kv: Storage, index: Storage,
             experts: Storage | None = None) -> QuantScheme:
-    kv_b = ASCEND_INT8_KV_B if linear.dtype == "int8" else linear
-    return QuantScheme(name=name, description=description, attention=linear, kv_b=kv_b, indexer=linear,
+    kept = {c: BF16 if linear.dtype == "int8" else linear for c in ASCEND_INT8_KEEPS_BF16}
+    return QuantScheme(name=name, description=description, attention=linear, indexer=linear, **kept,
                        routed_experts=experts or linear, shared_experts=linear, dense_ffn=linear,
                        activation=activation, kv_cache=kv, indexer_cache=index)
 
@@ -99,7 +105,8 @@ PRESETS: dict[str, QuantScheme] = {
     q.name: q
     for q in (
         _scheme("bf16", "all BF16; caches BF16 (C16)", linear=BF16, activation=BF16, kv=BF16, index=BF16),
-        _scheme("w8a8", "INT8 linears (per-channel; MLA's kv_b BF16), INT8 per-token activations; caches BF16",
+        _scheme("w8a8", "INT8 linears (per-channel; MLA's kv_b, V3.2's q_a / kv_a / indexer wk BF16), INT8 "
+                        "per-token activations; caches BF16",
                 linear=INT8_CHANNEL, activation=INT8_TOKEN, kv=BF16, index=BF16),
         _scheme("w8a8c8", "W8A8 plus INT8 latent KV cache and INT8 indexer cache (Ascend C8)",
                 linear=INT8_CHANNEL, activation=INT8_TOKEN, kv=INT8_TOKEN, index=INT8_HEAD),
