@@ -23,7 +23,7 @@ from comm_validation import K07, deepep_normal  # sibling scripts (run as python
 from npusim.spec.system import load_system
 from validate import ROWS, evaluate
 
-CANDIDATES_US = (1, 2, 3, 4, 6, 8, 10, 12)
+CANDIDATES_US = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12)
 CHIP_OF_SYSTEM = {"cloudmatrix384": "910c-die", "atlas-950-superpod": "950dt"}
 
 

@@ -22,7 +22,11 @@ collectives overlap kernels (a comm stream), the collectives move `chip.comm.hbm
 delivered through the HBM server the kernels share, and those that run on the vector cores hold AIV cores while they
 run: an HCCL AIV-mode collective `comm.aiv_per_rank` per rank of its group, the fused MC2 MoE dispatch / combine
 (not the bulk all-to-all of a prefill's double routing) `comm.fused_dispatch_aiv` of the die's AIVs (of the FFN
-partition's on core partitions); AI-CPU-expanded collectives (SDMA) hold none.
+partition's on core partitions); AI-CPU-expanded collectives (SDMA) hold none. Limits: a kernel's input is taken to
+be its predecessor's output in graph order (where it is an earlier op's, such as kv_a_proj reading the normed
+hidden state after q_b_proj, the predecessor's footprint still decides); the residual stream, the side stream's
+kernels and the collectives' own L2 traffic are not counted as evicting; a collective's AIV cores are held from
+the moment it starts, where the NPU would first let the running kernel's blocks finish.
 """
 
 from __future__ import annotations
