@@ -146,6 +146,8 @@ CASES: list[tuple[str, dict, str, int]] = [
     ("dequantise", {"rows": 1024, "elements": 576, "dtype": "int8"}, "910b2", 0),
     ("swiglu", {"rows": 4096, "width": 2048, "clamp": 10}, "910c-die", 0),
     ("swiglu", {"rows": 4, "width": 18432}, "910b2", 0),
+    ("dequant_swiglu_quant", {"rows": 4096, "width": 2048}, "910c-die", 0),
+    ("dequant_swiglu_quant", {"rows": 8, "width": 2048}, "910b2", 0),
     ("moe_combine", {"tokens": 16, "topk": 8, "hidden": 7168}, "910c-die", 0),
     ("moe_combine", {"tokens": 2048, "topk": 6, "hidden": 4096}, "950pr", 0),
     ("embedding", {"tokens": 4096, "hidden": 4096, "streams": 4}, "910c-die", 0),

@@ -17,7 +17,8 @@ from npusim.spec.chip import load_chip
 RNG = np.random.default_rng(7)
 
 
-@pytest.mark.parametrize("name", ["mhc_pre", "mhc_post", "moe_gate", "compressor", "rope", "swiglu", "moe_combine",
+@pytest.mark.parametrize("name", ["mhc_pre", "mhc_post", "moe_gate", "compressor", "rope", "swiglu", "dequant_swiglu_quant",
+                                  "moe_combine",
                                   "moe_permute", "embedding", "cache_update"])
 def test_traced_execution_matches_float64(name):
     for e in verify.VERIFY[name]({}, RNG):

@@ -190,6 +190,23 @@ def test_v32_int8_keeps_q_a_kv_a_and_indexer_wk_in_bf16_r1_quantises_them(m):
         pytest.approx(p.by_class["mla_a"] + p.by_class["indexer_k"])  # 2 B instead of 1 B each
 
 
+def test_w8a8_experts_gate_up_leaves_int32_for_the_fused_dequant_swiglu_quant(m):
+    """cann-recipes' W8A8 experts: the grouped matmul outputs int32 and npu_dequant_swiglu_quant turns it into the
+    down projection's int8 rows (4 B per gate-up output read, 1 B + a row scale written); W4A8 and BF16 keep the
+    BF16 SwiGLU."""
+    v31 = m["deepseek-v3.1"]
+    for phase, batch in (("prefill", 2), ("decode", 8)):
+        g = build_graph(v31, phase, batch, 4096, quant="w8a8").layer("mla-moe")
+        up, act = g.op("experts_gate_up"), g.op("experts_swiglu")
+        rows, w = act.shape["rows"], v31.moe_intermediate_size
+        assert up.dtypes["out"] == "int32" and up.bytes_written == 4 * rows * 2 * w
+        assert act.kind == "dequant_swiglu_quant" and act.dtypes == {"x": "int32", "out": "int8"}
+        assert act.bytes_read == rows * (8 * w + 4) and act.bytes_written == pytest.approx(rows * (w + 4 * w / 128))
+    for quant in ("w4a8", "bf16"):
+        g = build_graph(v31, "prefill", 2, 4096, quant=quant).layer("mla-moe")
+        assert g.op("experts_gate_up").dtypes["out"] == "bf16" and g.op("experts_swiglu").kind == "swiglu"
+
+
 # ------------------------------------------------------------------------------------------ DeepSeek-V4
 
 

@@ -1,8 +1,9 @@
 """The ops around attention and the experts, executed by their kernels' tile traces (re-exported by
 `npusim.functional`): mHC pre/post and Sinkhorn, MoE gate and combine, the KV Compressor, RoPE, quantise /
-dequantise, SwiGLU, the MoE routing permutations, embedding. Shapes follow models.md §1-2; T tokens, n residual
-streams, d hidden. Limit: the Compressor's decode step runs its GEMM as a trace and its pooling / norm / RoPE as
-the kernel's actions on the carried state (the prefill kernel has no per-token state in GM)."""
+dequantise, SwiGLU and W8A8's dequant-SwiGLU-quant, the MoE routing permutations, embedding. Shapes follow
+models.md §1-2; T tokens, n residual streams, d hidden. Limit: the Compressor's decode step runs its GEMM as a trace
+and its pooling / norm / RoPE as the kernel's actions on the carried state (the prefill kernel has no per-token state
+in GM)."""
 
 from __future__ import annotations
 
@@ -93,6 +94,17 @@ def swiglu(x: np.ndarray, clamp: float = 0.0, chip: str | Chip = "910b2") -> np.
     rows, w2 = x.shape
     kern = vector.Swiglu(rows, w2 // 2, int(clamp))
     return _run(kern, {"x": rnd(x, "bf16"), "out": np.zeros((rows, w2 // 2))}, chip)["out"]
+
+
+def dequant_swiglu_quant(x: np.ndarray, xs: np.ndarray, clamp: float = 0.0, chip: str | Chip = "910b2"):
+    """A W8A8 gate-up's int32 x [rows, 2w] = [gate | up] with its rows' scales xs [rows] -> silu(gate xs) (up xs)
+    quantised to int8 per row -> (q [rows, w], scales [rows])."""
+    rows, w2 = x.shape
+    kern = vector.DequantSwigluQuant(rows, w2 // 2, int(clamp))
+    t = {"x": np.asarray(x, float), "xs": rnd(np.asarray(xs, float).reshape(-1, 1), "fp32"),
+         "q": np.zeros((rows, w2 // 2)), "s": np.zeros((rows, 1))}
+    out = _run(kern, t, chip)
+    return out["q"], out["s"][:, 0]
 
 
 def moe_combine(y: np.ndarray, index: np.ndarray, weights: np.ndarray, shared: np.ndarray,

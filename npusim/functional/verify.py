@@ -283,6 +283,19 @@ def verify_swiglu(shape: dict, rng: np.random.Generator) -> list[Error]:
     return [_err(f"clamp {c} bf16", F.swiglu(x, c), R.swiglu(rnd(x, "bf16"), c)) for c in (0, 10)]
 
 
+def verify_dequant_swiglu_quant(shape: dict, rng: np.random.Generator) -> list[Error]:
+    """int32 accumulators and per-row scales -> int8 rows: dequantised again, against SwiGLU of the float64 product
+    (the format's own error: int8 per row)."""
+    rows, w = shape.get("rows", 33), shape.get("width", 640)
+    x, xs = rng.integers(-40000, 40000, (rows, 2 * w)), rng.random(rows) * 5e-4  # |x xs| up to 20: the clamp bites
+    out = []
+    for c in (0, 10):
+        q, s = F.dequant_swiglu_quant(x, xs, c)
+        out.append(_err(f"clamp {c} int8", q * s[:, None], R.swiglu(x * rnd(xs, "fp32")[:, None], c),
+                        bool((q == np.round(q)).all() and np.abs(q).max() <= 127)))
+    return out
+
+
 def verify_moe_combine(shape: dict, rng: np.random.Generator) -> list[Error]:
     t, k, d = shape.get("tokens", 6), shape.get("topk", 8), shape.get("hidden", 1024)
     y, idx = rng.standard_normal((t * k, d)), rng.permutation(t * k).reshape(t, k)
@@ -315,7 +328,8 @@ def verify_embedding(shape: dict, rng: np.random.Generator) -> list[Error]:
 VERIFY["quant_matmul"] = verify_quant_matmul
 VERIFY |= {"mhc_pre": verify_mhc_pre, "mhc_post": verify_mhc_post, "moe_gate": verify_moe_gate,
            "compressor": verify_compressor, "rope": verify_rope, "quantise": verify_quantise,
-           "dequantise": verify_quantise, "swiglu": verify_swiglu, "moe_combine": verify_moe_combine,
+           "dequantise": verify_quantise, "swiglu": verify_swiglu,
+           "dequant_swiglu_quant": verify_dequant_swiglu_quant, "moe_combine": verify_moe_combine,
            "moe_permute": verify_moe_permute, "embedding": verify_embedding}
 
 

@@ -17,8 +17,8 @@ from dataclasses import replace
 
 from npusim.errors import NpusimError
 from npusim.graph import accounting
-from npusim.graph.ops import (LayerGraph, ModelGraph, Op, cache_store, gemm, grouped_gemm, norm, rope, swiglu,
-                              vector)
+from npusim.graph.ops import (LayerGraph, ModelGraph, Op, cache_store, dequant_swiglu_quant, gemm, grouped_gemm,
+                              norm, rope, swiglu, vector)
 from npusim.graph.positions import Queries
 from npusim.spec.model import OVERLAP_RATIO, ModelConfig
 from npusim.spec.quant import BF16, QuantScheme, Storage, get_quant
@@ -194,9 +194,15 @@ class _Layers:
         gate = self.linear("moe_gate", h, e, None, kind="moe_gate")
         gate = replace(gate, shape=gate.shape | {"topk": k, "hash": int(hashed), "groups": m.n_group})
         act = self.quant.activation_for(w)
+        # W8A8 experts: the gate-up leaves int32 accumulators that one vector kernel dequantises, activates and
+        # quantises per row for the down projection (cann-recipes-infer module/quantization/compressed_tensors/
+        # compressed_tensors_moe_gmm.py:159-186, npu_grouped_matmul output_dtype int32 then npu_dequant_swiglu_quant)
+        raw = w.dtype == act.dtype == "int8"
+        activate = dequant_swiglu_quant("experts_swiglu", rows, inter, m.swiglu_limit, act) if raw else \
+            swiglu("experts_swiglu", rows, inter, m.swiglu_limit)
         ops = [norm("ffn_norm", t, h), gate, *self.routing("moe_init_routing", "moe_re_routing", rows, act),
-               grouped_gemm("experts_gate_up", rows, h, 2 * inter, touched, w, act),
-               swiglu("experts_swiglu", rows, inter, m.swiglu_limit),
+               grouped_gemm("experts_gate_up", rows, h, 2 * inter, touched, w, act, out="int32" if raw else "bf16"),
+               activate,
                grouped_gemm("experts_down", rows, inter, h, touched, w, act), *self.routing("moe_unsort", "", rows)]
         if m.n_shared_experts:
             width = m.n_shared_experts * inter

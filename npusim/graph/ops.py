@@ -7,8 +7,9 @@ refines both, these figures are the roofline inputs and the accounting users che
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from npusim.spec.chip import BYTES_PER_ELEMENT
 from npusim.spec.quant import BF16, Storage
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,13 +48,15 @@ def gemm(name: str, m: int, k: int, n: int, weight: Storage, act: Storage, *, ba
               bytes_written=BF16.bytes_for(batch * m * n), weight_bytes=w)
 
 
-def grouped_gemm(name: str, rows: int, k: int, n: int, experts: float, weight: Storage, act: Storage) -> Op:
-    """Routed experts: `rows` token-expert assignments spread over `experts` distinct experts (weights read once each)."""
+def grouped_gemm(name: str, rows: int, k: int, n: int, experts: float, weight: Storage, act: Storage,
+                 out: str = BF16.dtype) -> Op:
+    """Routed experts: `rows` token-expert assignments spread over `experts` distinct experts (weights read once each);
+    `out` int32: the accumulators left undequantised for a fused dequant-SwiGLU-quant."""
     w = experts * weight.bytes_for(k * n)
     return Op(name=name, kind="grouped_gemm", unit="cube", shape={"rows": rows, "k": k, "n": n,
                                                                    "experts": round(experts)},
-              dtypes={"a": act.dtype, "b": weight.dtype, "out": BF16.dtype}, flops=2.0 * rows * k * n,
-              bytes_read=act.bytes_for(rows * k) + w, bytes_written=BF16.bytes_for(rows * n), weight_bytes=w)
+              dtypes={"a": act.dtype, "b": weight.dtype, "out": out}, flops=2.0 * rows * k * n,
+              bytes_read=act.bytes_for(rows * k) + w, bytes_written=rows * n * BYTES_PER_ELEMENT[out], weight_bytes=w)
 
 
 def vector(name: str, kind: str, shape: dict[str, int], *, read: float, written: float, flops: float,
@@ -82,6 +85,15 @@ def swiglu(name: str, rows: int, width: int, clamp: float) -> Op:
     shape = {"rows": rows, "width": width} | ({"clamp": round(clamp)} if clamp else {})
     return vector(name, "swiglu", shape, read=BF16.bytes_for(2 * rows * width), written=BF16.bytes_for(rows * width),
                   flops=(6.0 + (2.0 if clamp else 0.0)) * rows * width)
+
+
+def dequant_swiglu_quant(name: str, rows: int, width: int, clamp: float, act: Storage) -> Op:
+    """W8A8 experts: the gate-up's int32 [gate | up] and the rows' scales -> SwiGLU -> `act` (int8 per row), the down
+    projection's input, in one vector pass (npu_dequant_swiglu_quant)."""
+    shape = {"rows": rows, "width": width} | ({"clamp": round(clamp)} if clamp else {})
+    return replace(vector(name, "dequant_swiglu_quant", shape, read=rows * (2 * width * BYTES_PER_ELEMENT["int32"] + 4),
+                          written=rows * act.bytes_for(width), flops=(11.0 + (2.0 if clamp else 0.0)) * rows * width),
+                   dtypes={"x": "int32", "out": act.dtype})
 
 
 def cache_store(name: str, tokens: int, elements: int, row_bytes: float, store: Storage) -> Op:

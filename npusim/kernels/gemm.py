@@ -692,8 +692,14 @@ class GroupedGemm(Kernel):
               + nbytes(self.out_dtype, self.rows, self.n))
         return Work(2.0 * self.rows * self.n * self.k, io, cube_dtype=dt)
 
-    def build(self, chip: Chip) -> Trace:
+    def scheme(self) -> Scheme:
+        """The dtype scheme; int32 out: the raw accumulators, no dequantisation on FIXPIPE (W8A8's gate-up before
+        npu_dequant_swiglu_quant, which applies the scales)."""
         sch = scheme_of(self.dtype)
+        return dataclasses.replace(sch, scale="", fixpipe_dequant=False) if self.out_dtype == "int32" else sch
+
+    def build(self, chip: Chip) -> Trace:
+        sch = self.scheme()
         per = self.rows_per_expert()
         used = [m for m in per if m]
         # one expert's blocks walk along n (its rows are few); the tiler sees an average expert, batched

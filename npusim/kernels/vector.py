@@ -1,5 +1,5 @@
-"""Vector-core kernels that stream token tiles through UB: mHC post, RoPE, quantise / dequantise, SwiGLU, MoE combine,
-the MoE routing permutations, the embedding gather and the cache-row scatter.
+"""Vector-core kernels that stream token tiles through UB: mHC post, RoPE, quantise / dequantise, SwiGLU and W8A8's
+fused dequant-SwiGLU-quant, MoE combine, the MoE routing permutations, the embedding gather and the cache-row scatter.
 
 One mechanism (`Tiled`): the op's GM operands are cut into tiles of `bt` tokens x `bc` columns of the op's wide axis
 (hidden, or a row's elements); the tokens are split evenly over the AIVs as CANN's vector ops split rows over their
@@ -694,6 +694,40 @@ class Swiglu(Tiled):
     def steps(self) -> tuple[Step, ...]:  # exp, add, divide, two multiplies (+ two clamps), as the op graph counts
         return (Step("swiglu", self.outputs()[0], ("gate", "up"), (6.0 + (2.0 if self.clamp else 0.0)) * self.width,
                      (("clamp", float(self.clamp)),)),)
+
+
+@register
+@dataclass(frozen=True)
+class DequantSwigluQuant(Swiglu):
+    """A W8A8 gate-up's int32 accumulators x [rows, 2*width] = [gate | up] with the rows' activation scales
+    xs [rows, 1] -> silu(gate * xs) * (up * xs) quantised to int8 per row: q [rows, width], s [rows, 1] — the
+    down projection's input (torch_npu.npu_dequant_swiglu_quant, quant_mode 1, after a grouped matmul with
+    output_dtype int32: cann-recipes-infer module/quantization/compressed_tensors/compressed_tensors_moe_gmm.py
+    :159-186). Whole rows per tile (the row's amax). Limit: the weights' per-channel scales and the down projection's
+    smooth scales (2w + w fp32 per expert, read once per expert) are folded into the gate-up's int32 (not in the
+    trace); clamp > 0: the clamped form (swiglu_mode 1)."""
+
+    name: ClassVar[str] = "dequant_swiglu_quant"
+
+    def inputs(self) -> tuple[Operand, ...]:
+        w = self.width
+        return (Operand("gate", 1, w, "int32", False, array="x"), Operand("up", 1, w, "int32", False, offset=w,
+                                                                           array="x"),
+                Operand("xs", 1, 1, "fp32", False))
+
+    def outputs(self) -> tuple[Operand, ...]:
+        return (Operand("q", 1, self.width, "int8", False), Operand("s", 1, 1, "fp32", False))
+
+    def steps(self) -> tuple[Step, ...]:
+        w, (q, s) = self.width, self.outputs()
+        g, u, y = (Operand(n, 1, w, "fp32", False) for n in ("g", "u", "y"))
+        args = (("elem", "int8"), ("block", 0), ("scale_fmt", "fp32"))
+        scale, apply = Quantise(self.rows, w).chains()
+        return (Step("dequant", g, ("gate", "xs"), 1.0 * w, (("block", 0),)),
+                Step("dequant", u, ("up", "xs"), 1.0 * w, (("block", 0),)),
+                *(replace(st, out=y, ins=("g", "u")) for st in Swiglu.steps(self)),
+                Step("quant_scale", s, ("y",), 1.0 * w, args, scale),
+                Step("quant_apply", q, ("y", "s"), 2.0 * w, args, apply))
 
 
 @register

@@ -53,7 +53,8 @@ def kernel_name(op: Op) -> str:
 
 # op kinds whose kernel has the same name and takes the op's shape keys (moe_gate is timed with the sigmoid score;
 # V4's sqrt-softplus differs by a few vector ops per expert score)
-SAME_NAME = ("compressor", "mhc_pre", "mhc_post", "moe_gate", "swiglu", "embedding", "moe_combine", "cache_update")
+SAME_NAME = ("compressor", "mhc_pre", "mhc_post", "moe_gate", "swiglu", "dequant_swiglu_quant", "embedding",
+             "moe_combine", "cache_update")
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,8 @@ def _default_kernel(op: Op, chip: Chip) -> Kernel | None:
     if op.kind == "gemm":
         return kernel("gemm", {"m": s["m"], "n": s["n"], "k": s["k"], "batch": batch}, dtype=_scheme(op, chip))
     if op.kind == "grouped_gemm":
-        return kernel("grouped_gemm", {k: s[k] for k in ("rows", "k", "n", "experts")}, dtype=_scheme(op, chip))
+        return kernel("grouped_gemm", {k: s[k] for k in ("rows", "k", "n", "experts")}, dtype=_scheme(op, chip),
+                      out_dtype=op.dtypes["out"])
     if op.kind == "lightning_indexer":
         per_seq = max(1, s["tokens"] // batch)
         return kernel("lightning_indexer", {"tokens": per_seq, "keys": max(1, math.ceil(s["pairs"] / s["tokens"])),
