@@ -396,7 +396,13 @@ def _exact_or_none(sc: Scenario, slo: Slo, budget: Budget, cand: Candidate, work
 
 
 def _serve(sc: Scenario, cand: Candidate, slo: Slo, traffic: Traffic, workdir: str) -> Served:
-    """The candidate's plan file served under the traffic, as the `npusim serve` command of `commands` does."""
+    """The candidate's plan file served under the traffic, as the `npusim serve` command of `commands` does. Pools
+    that carry fewer requests/s than an open loop offers are not served: their queue grows without bound, which a
+    run of a few hundred requests would hide."""
+    carried = cand.pools.requests_per_s
+    if traffic.rate is not None and carried < traffic.rate:
+        return Served(cand, error=f"the pools carry {carried:.3g} requests/s, below the offered {traffic.rate:g}: "
+                                  "the queue grows without bound", traffic=traffic)
     plan = _plan_file(candidate_plan(cand), workdir)
     try:
         served = ServedPlan.of(api.load_setup(sc.hw, sc.model, plan, sc.quant, dict(sc.overrides)),
