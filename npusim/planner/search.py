@@ -400,7 +400,7 @@ def _serve(sc: Scenario, cand: Candidate, slo: Slo, traffic: Traffic, workdir: s
     that carry fewer requests/s than an open loop offers are not served: their queue grows without bound, which a
     run of a few hundred requests would hide."""
     carried = cand.pools.requests_per_s
-    if traffic.rate is not None and carried < traffic.rate:
+    if traffic.rate is not None and served_rate(carried) < traffic.rate:
         return Served(cand, error=f"the pools carry {carried:.3g} requests/s, below the offered {traffic.rate:g}: "
                                   "the queue grows without bound", traffic=traffic)
     plan = _plan_file(candidate_plan(cand), workdir)
@@ -549,6 +549,11 @@ def commands(result: SearchResult, path: str | Path) -> list[str]:
             f"npusim serve {common} {served_load(result).args()} {limits} --slo {result.slo}{tail}"]
 
 
+def served_rate(requests_per_s: float) -> float:
+    """A pools' rate as the `npusim serve` command line carries it (four significant digits)."""
+    return float(f"{requests_per_s:.4g}")
+
+
 HOLDS_SERVED = 10  # the confirming run's arrivals span this many decode holds: its ramp-up costs ~1/20 of the rate
 MAX_SERVED = 5000  # requests, at most (seconds of serving simulation)
 
@@ -560,7 +565,7 @@ def served_load(result: SearchResult, cand: Candidate | None = None) -> Traffic:
     if result.traffic is not None:
         return result.traffic
     c = cand or result.recommended
-    rate = float(f"{c.pools.requests_per_s:.4g}")
+    rate = served_rate(c.pools.requests_per_s)
     hold = result.scenario.output * c.tpot
     return Traffic(rate=rate, requests=min(MAX_SERVED, max(Traffic.requests, math.ceil(HOLDS_SERVED * rate * hold))),
                    percentile=result.percentile)
