@@ -140,7 +140,7 @@ class Allowed:
     low: float = 0
     high: float = MAX_SIZE
     above: bool = False
-    choices: tuple[str, ...] = ()
+    choices: tuple[str | int, ...] = ()
 
     def refusal(self, value) -> str:
         """Why `value` is not allowed ("" when it is)."""

@@ -563,7 +563,6 @@ class Gemm(Kernel):
                      t.describe() | {"blocks": self.batch * tm * tn, "scheme": self.dtype} | prog.tiling(),
                      dtype=sch.cube)
 
-
     def split_k(self, chip: Chip, prog: TileProgram, t: CubeTiling, refs: tuple[Ref, Ref, Ref],
                 strides: tuple[int, int], nk: bool, idx: tuple[Lin, Lin, Lin], tiles: int) -> Trace:
         """catlass 34_single_core_splitk_matmul (single_core_slicek_matmul.hpp, SingleCoreSplitkGemmIdentityBlock

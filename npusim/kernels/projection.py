@@ -7,8 +7,9 @@ writes it to a GM workspace, and the two AIVs run the op's epilogue on half of t
 GM, the workspace double-buffered so block b+1's GEMM overlaps block b's epilogue). Decode (blocks fewer than the
 cores) splits K instead: every core computes a K range of all rows, writes the partial sum, and after a SyncAll
 the vector cores add the partials and run the epilogue on a few rows each (HcPre's decode template, models.md §2.5
-[CRI deepseek_v4_mHC_guide.md]); mHC pre on dav-c220 takes this form at every size (its A3 kernel's only template). The Compressor pools rows of other blocks, so it always takes the second form:
-all GEMM blocks, SyncAll, then the pooling over the compressed entries.
+[CRI deepseek_v4_mHC_guide.md]); mHC pre on dav-c220 takes this form at every size (its A3 kernel's only
+template). The Compressor pools rows of other blocks, so it always takes the second form: all GEMM blocks, SyncAll,
+then the pooling over the compressed entries.
 
 mHC pre computes in fp32 (models.md §2.5): its AIVs first convert the block's x to fp32 in a workspace (and sum
 its squares for the RMS) — HcPre's "move -> cast -> cube" stage — and the cube multiplies in fp32.

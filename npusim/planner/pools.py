@@ -12,8 +12,8 @@ slot (one of the decode batch's B sequences; a slot is held for output x TPOT). 
 routed to on arrival (the serving simulation sends a request to the rank with the least cache load, as SGLang's
 router picks a prefill and a decode worker per request), so a request waits when every server is busy (Erlang C:
 C(c, a) for c servers offered a = lambda x hold erlangs, Poisson arrivals; Halfin-Whitt's approximation above 1024
-servers, which overstates the tail there: conservative) for the one in service at its server: the rest of an equal hold, uniform. Each further request queued ahead
-(again all busy) adds a whole hold: P(wait > t) = C^(1 + floor(t / hold)) (1 - frac(t / hold)). This is not the
+servers, which overstates the tail there: conservative) for the one in service at its server: the rest of an
+equal hold, uniform. Each further request queued ahead (again all busy) adds a whole hold: P(wait > t) = C^(1 + floor(t / hold)) (1 - frac(t / hold)). This is not the
 central queue of M/D/c, where the first server free takes the next request and p99 waits are several times shorter:
 binding at arrival is what the served deployment does. The percentile's tail (1 % at p99) is split evenly between
 the two waits; the prefill wait must fit the headroom the prompt leaves under the TTFT limit, and a decode slot,

@@ -500,9 +500,8 @@ def search(hw: str, model: str, *, input: int, output: int, slo: Slo, max_chips:
         meeting = [c for c in combos if c.violation(slo) <= 1]
         result = SearchResult(sc, slo, n_cands, predictions, pruned, traffic=load, percentile=sizing.percentile)
         by_total = load is not None
-        exact = [c for c in _run([(sc, slo, sizing, c, workdir) for c in pareto(meeting, by_total)], _exact_or_none,
-                                     workers,
-                                     "frontier as complete plans", progress) if c]
+        frontier_tasks = [(sc, slo, sizing, c, workdir) for c in pareto(meeting, by_total)]
+        exact = [c for c in _run(frontier_tasks, _exact_or_none, workers, "frontier as complete plans", progress) if c]
         result.frontier = pareto([c for c in exact if c.violation(slo) <= 1], by_total)
         if load is None:
             result.served = _serve_best_first(sc, result, workdir)
