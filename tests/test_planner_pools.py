@@ -87,3 +87,16 @@ def test_serving_the_written_plan_gives_the_planned_tokens_per_chip(planned):
     assert served == pytest.approx(c.served_tokens_per_s_per_chip, rel=TOLERANCE)
     assert served == pytest.approx(r.confirmed.tokens_per_s_per_chip)  # the search's own run is that command's
     assert served > 10 * 0.29
+
+
+def test_pools_sized_for_a_rate_say_when_they_cannot_carry_it():
+    """Given a rate, the pools with the fewest ranks that carry it; when none within the budget does, the most
+    carrying ones, flagged: an open loop arriving faster than they carry grows its queue without bound."""
+    args = (1024, 1.3, 64, 0.57, 256, 0.023, 64, 768)
+    most = size_pools(*args)
+    enough = size_pools(*args, rate=most.requests_per_s / 2)
+    assert enough.requests_per_s == most.requests_per_s / 2 and enough.unmet == ""
+    assert enough.prefill * 64 + enough.decode * 64 < most.prefill * 64 + most.decode * 64
+    short = size_pools(*args, rate=1000.0)
+    assert short.requests_per_s < 1000.0 and "below the offered 1000: the queue grows without bound" in short.unmet
+    assert most.unmet == ""  # no rate offered, none unmet

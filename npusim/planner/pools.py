@@ -41,6 +41,16 @@ class Pools:
     prefill: int = 1
     decode: int = 1
     requests_per_s: float = 0.0
+    offered: float | None = None  # the rate they were sized for (size_pools' `rate`), when one was
+
+    @property
+    def unmet(self) -> str:
+        """Why the pools cannot take the offered rate ('' when they can, or none was offered): an open loop arriving
+        faster than they carry grows its queue without bound, which a run of a few hundred requests would hide."""
+        if self.offered is None or self.requests_per_s >= self.offered:
+            return ""
+        return (f"the pools carry {self.requests_per_s:.3g} requests/s, below the offered {self.offered:g}: the queue "
+                "grows without bound")
 
     def describe(self) -> str:
         return f"{self.prefill}P{self.decode}D"
@@ -94,7 +104,8 @@ def size_pools(output: int, prefill_step: float, prefill_ranks: int, headroom: f
     """The pools within `budget` ranks that serve the most requests per rank: for each count of decode instances
     (each `decode_batch` slots held output x `tpot`), the fewest prefill instances (one prompt of `prefill_step` at a
     time) that feed them, or one fewer, the decode pool then running below its rate. `rate`: the pools with the fewest
-    ranks that carry this many requests/s instead (the most carrying ones when none does). `headroom`: the TTFT limit
+    ranks that carry this many requests/s instead (the most carrying ones when none does, their `unmet` saying so).
+    `headroom`: the TTFT limit
     less one prompt's TTFT. None when not even one of each fits, or the prompt alone leaves no headroom."""
     max_prefill = (budget - decode_ranks) // prefill_ranks
     if max_prefill < 1 or headroom <= 0:
@@ -111,5 +122,5 @@ def size_pools(output: int, prefill_step: float, prefill_ranks: int, headroom: f
             ranks = n_pre * prefill_ranks + n_dec * decode_ranks
             key = (carried / ranks, -ranks) if rate is None else (carried >= rate, -ranks if carried >= rate else carried)
             if carried > 0 and (best_key is None or key > best_key):
-                best, best_key = Pools(n_pre, n_dec, carried if rate is None else min(carried, rate)), key
+                best, best_key = Pools(n_pre, n_dec, carried if rate is None else min(carried, rate), rate), key
     return best

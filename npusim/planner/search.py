@@ -341,8 +341,9 @@ def _sized(sc: Scenario, slo: Slo, budget: Budget, pre: PhasePoint, dec: PhasePo
     with no queue, when no pools meet the TTFT limit (a candidate that misses the SLO anyway)."""
     load = budget.load
     rate = None if load is None else load.rate or load.concurrency / (ttft + sc.output * tpot)
+    alone = Pools(1, 1, min(1 / step, dec.batch / (sc.output * tpot)), rate)
     pools = size_pools(sc.output, step, pre.layout.ranks, slo.ttft - ttft, dec.batch, tpot, dec.layout.ranks,
-                       budget.ranks, budget.percentile, rate) or Pools(1, 1, min(1 / step, dec.batch / (sc.output * tpot)))
+                       budget.ranks, budget.percentile, rate) or alone
     chips = (pools.prefill * pre.layout.ranks + pools.decode * dec.layout.ranks) / budget.dies
     return Candidate(pre, dec, ttft, tpot, chips, dec.tokens_per_s_per_chip,
                      sc.output * pools.requests_per_s / chips, exact, pools)
@@ -397,12 +398,9 @@ def _exact_or_none(sc: Scenario, slo: Slo, budget: Budget, cand: Candidate, work
 
 def _serve(sc: Scenario, cand: Candidate, slo: Slo, traffic: Traffic, workdir: str) -> Served:
     """The candidate's plan file served under the traffic, as the `npusim serve` command of `commands` does. Pools
-    that carry fewer requests/s than an open loop offers are not served: their queue grows without bound, which a
-    run of a few hundred requests would hide."""
-    carried = cand.pools.requests_per_s
-    if traffic.rate is not None and served_rate(carried) < traffic.rate:
-        return Served(cand, error=f"the pools carry {carried:.3g} requests/s, below the offered {traffic.rate:g}: "
-                                  "the queue grows without bound", traffic=traffic)
+    sized short of an open loop's rate are not served (`Pools.unmet`); a closed loop slows its users instead."""
+    if traffic.rate is not None and cand.pools.unmet:
+        return Served(cand, error=cand.pools.unmet, traffic=traffic)
     plan = _plan_file(candidate_plan(cand), workdir)
     try:
         served = ServedPlan.of(api.load_setup(sc.hw, sc.model, plan, sc.quant, dict(sc.overrides)),
