@@ -58,8 +58,8 @@ DEPLOYMENT = {
     "experts_down": "npu_grouped_matmul, per-token scales in",
     "moe_unsort": "torch.index_select after argsort of gathered_ids_unsort (M:554)",
     "shared_gate_up_quant": "npu_dynamic_quant",
-    "shared_gate_up": "npu_quant_matmul",
-    "shared_swiglu": "npu_dequant_swiglu_quant",
+    "shared_gate_up": "npu_quant_matmul with out_dtype int32 (M:222)",
+    "shared_swiglu": "npu_dequant_swiglu_quant of the int32 (M:223-228)",
     "shared_down": "npu_quant_matmul",
     "moe_combine": "npu_moe_finalize_routing, the shared expert added (M:565)",
     "moe_dispatch": "all_to_all_single of the counts, D2H sync (.cpu().tolist(), M:662), all_to_all_single of the INT8 "

@@ -12,6 +12,7 @@ from npusim.functional.executor import execute
 from npusim.functional.numerics import rnd
 from npusim.kernels.projection import MhcPre
 from npusim.kernels.trace import Loop, Program
+from npusim.kernels.vector import DequantSwigluQuant
 from npusim.spec.chip import load_chip
 
 RNG = np.random.default_rng(7)
@@ -122,3 +123,21 @@ def test_moe_gate_fp32_gemm_keeps_fp32_operands():
     chip = load_chip("910b2")
     bf, fp = MoeGate(9, 512, 64, 8, 0, 8).trace(chip), MoeGate(9, 512, 64, 8, 0, 8, dtype="fp32").trace(chip)
     assert fp.hbm_bytes > bf.hbm_bytes
+
+
+def test_dequant_swiglu_quant_cuts_a_row_wider_than_ub_and_quantises_it_as_a_whole():
+    """A row that does not fit UB (the dense MLP's 18432 columns) goes in two passes over column chunks through the
+    workspace: the int8 rows and scales equal the whole-row kernel's (a UB four times the size), and one scale per
+    row is the amax of the whole row."""
+    rng = np.random.default_rng(11)
+    rows, w = 5, 6000
+    x, xs = rng.integers(-40000, 40000, (rows, 2 * w)), rng.random(rows) * 5e-4
+    chip = load_chip("910b2")
+    big = dataclasses.replace(chip, aiv=dataclasses.replace(chip.aiv, buffers=dataclasses.replace(
+        chip.aiv.buffers, ub=4 * chip.aiv.buffers.ub)))
+    assert DequantSwigluQuant(rows, w).trace(chip).tiling["chunks"] == 2
+    assert "chunks" not in DequantSwigluQuant(rows, w).trace(big).tiling
+    cut, whole = F.dequant_swiglu_quant(x, xs, chip=chip), F.dequant_swiglu_quant(x, xs, chip=big)
+    assert np.array_equal(cut[0], whole[0]) and np.array_equal(cut[1], whole[1])
+    ref = R.swiglu(x * rnd(xs, "fp32")[:, None])
+    np.testing.assert_allclose(cut[1], np.abs(ref).max(axis=1) / 127, rtol=1e-6)

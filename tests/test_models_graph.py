@@ -11,6 +11,7 @@ from npusim.errors import NpusimError
 from npusim.graph import build_graph
 from npusim.graph.accounting import parameters
 from npusim.graph.positions import Queries, prefix_floor, prefix_min
+from npusim.parallel.optime import kernel_name
 from npusim.spec.model import load_model
 from npusim.spec.quant import BF16, get_quant
 
@@ -205,6 +206,23 @@ def test_w8a8_experts_gate_up_leaves_int32_for_the_fused_dequant_swiglu_quant(m)
     for quant in ("w4a8", "bf16"):
         g = build_graph(v31, "prefill", 2, 4096, quant=quant).layer("mla-moe")
         assert g.op("experts_gate_up").dtypes["out"] == "bf16" and g.op("experts_swiglu").kind == "swiglu"
+
+
+def test_w8a8_shared_expert_and_dense_mlp_take_the_int32_path_too(m):
+    """cann-recipes' DeepseekV3SharedExpert / DeepseekV3DenseMLP.forward_w8a8int8: the gate-up linear outputs int32
+    and npu_dequant_swiglu_quant writes the down projection's int8 input; BF16 keeps the BF16 linear and SwiGLU."""
+    v31 = m["deepseek-v3.1"]
+    g = build_graph(v31, "prefill", 2, 4096, quant="w8a8")
+    for layer, (up, mid, down), w in (("mla-moe", ("shared_gate_up", "shared_swiglu", "shared_down"),
+                                       v31.moe_intermediate_size * v31.n_shared_experts),
+                                      ("mla-dense", ("gate_up_proj", "swiglu", "down_proj"), v31.intermediate_size)):
+        lg = g.layer(layer)
+        assert lg.op(up).dtypes["out"] == "int32" and lg.op(up).bytes_written == 4 * 8192 * 2 * w
+        assert lg.op(mid).kind == "dequant_swiglu_quant" and lg.op(mid).shape == {"rows": 8192, "width": w}
+        assert lg.op(down).dtypes == {"a": "int8", "b": "int8", "out": "bf16"}
+        assert kernel_name(lg.op(up)) == "gemm" and kernel_name(lg.op(down)) == "quant_matmul"
+    bf16 = build_graph(v31, "prefill", 2, 4096, quant="bf16").layer("mla-moe")
+    assert bf16.op("shared_gate_up").dtypes["out"] == "bf16" and bf16.op("shared_swiglu").kind == "swiglu"
 
 
 # ------------------------------------------------------------------------------------------ DeepSeek-V4

@@ -10,6 +10,7 @@ from npusim.engine import simulate
 from npusim.engine.result import is_mix
 from npusim.errors import NpusimError
 from npusim.functional import reference as R
+from npusim.functional.numerics import quantize
 from npusim.kernels import catalog
 from npusim.spec.chip import load_chip
 
@@ -117,3 +118,18 @@ def test_explicit_block_larger_than_the_dim_runs_at_its_size():
     """catlass computes a 20-row A with its 128-row tile as a 32-row block (the actual block shape)."""
     t = catalog.kernel("gemm", dict(m=20, n=512, k=512, dtype="fp16", base_m=128, base_n=256)).tiling(CHIP)
     assert (t.base_m, t.base_n) == (32, 256)
+
+
+def test_int32_out_gemm_is_the_exact_integer_product_without_the_epilogue():
+    """W8A8's gate-up before npu_dequant_swiglu_quant: the cube's GEMM writes the int32 accumulators of the int8
+    operands (no scales, no AIV epilogue), and scaling them by the operands' scales gives the MIX kernel's
+    dequantised product."""
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((40, 300)), rng.standard_normal((300, 96))
+    (qa, sa), (qb, sb) = quantize(a, "int8", 1), quantize(b, "int8", 0)
+    raw = F.gemm(a, b, dtype="int8", out_dtype="int32")
+    assert np.array_equal(raw, qa @ qb)
+    np.testing.assert_allclose(raw * sa * sb, F.quant_matmul(a, b, "fp32"), rtol=1e-6)
+    chip = load_chip("910c-die")
+    assert not is_mix(catalog.kernel("gemm", {"m": 64, "n": 64, "k": 64}, dtype="int8", out_dtype="int32")
+                      .trace(chip))

@@ -78,6 +78,12 @@ def quant_apply(x, s, shape, elem, block, scale_fmt="fp32", **_):
 
 
 @op
+def row_max(x, shape, **_):
+    """The largest entry of each row (a row's scale from its chunks' scales)."""
+    return x.max(axis=1, keepdims=True)
+
+
+@op
 def dequant(q, s, shape, block, **_):
     n = q.shape[1]
     return q * np.repeat(s, block or n, 1)[:, :n]

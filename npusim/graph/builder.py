@@ -27,6 +27,7 @@ PHASES = ("prefill", "decode")
 INDEX_BYTES = 4  # int32 top-k indices
 # INT8 linears of the MLA + MoE layer whose input arrives in BF16 (a norm's, attention's output) and so is quantised
 # per token first; the experts' and the down projections' inputs come quantised (see _Layers.quantised)
+DENSE_MLP, SHARED_MLP = ("gate_up_proj", "swiglu", "down_proj"), ("shared_gate_up", "shared_swiglu", "shared_down")
 BF16_INPUT_LINEARS = ("q_a_proj", "kv_a_proj", "q_b_proj", "o_proj", "shared_gate_up", "gate_up_proj")
 
 
@@ -44,6 +45,21 @@ class _Layers:
         """A linear of a weight class (None: kept in BF16 under every preset)."""
         w = self.quant.weights(weight_class) if weight_class else BF16
         return gemm(name, self.t if m is None else m, k, n, w, self.quant.activation_for(w), batch=batch, kind=kind)
+
+    def mlp(self, names: tuple[str, str, str], rows: int, k: int, width: int, weight_class: str) -> list[Op]:
+        """gate-up, SwiGLU, down of a dense MLP or the shared expert. W8A8 (int8 weights and activations): the gate-up
+        leaves int32 accumulators and npu_dequant_swiglu_quant writes the down projection's int8 rows and their
+        scales, as the routed experts do (cann-recipes-infer models/deepseek_r1/models/modeling_deepseek.py:164-171,
+        DeepseekV3DenseMLP.forward_w8a8int8, and :221-229, DeepseekV3SharedExpert.forward_w8a8int8 @ fbc225d:
+        gate_up_proj(x, out_dtype=torch.int32), npu_dequant_swiglu_quant quant_mode 1, down_proj(h, pertoken_scale));
+        otherwise a BF16-out linear and SwiGLU."""
+        w = self.quant.weights(weight_class)
+        act = self.quant.activation_for(w)
+        raw = w.dtype == act.dtype == "int8"
+        up, mid, down = names
+        activate = dequant_swiglu_quant(mid, rows, width, 0.0, act) if raw else swiglu(mid, rows, width, 0.0)
+        return [gemm(up, rows, k, 2 * width, w, act, out="int32" if raw else BF16.dtype), activate,
+                gemm(down, rows, width, k, w, act)]
 
     def quantised(self, ops: list[Op]) -> list[Op]:
         """A prefill's per-token dynamic quantisation (DynamicQuant) before each INT8 linear whose input is BF16: the
@@ -184,8 +200,7 @@ class _Layers:
         m, t, h = self.m, self.t, self.m.hidden_size
         if m.is_dense_ffn(layer):
             inter = m.intermediate_size
-            return [norm("ffn_norm", t, h), self.linear("gate_up_proj", h, 2 * inter, "dense_ffn"),
-                    swiglu("swiglu", t, inter, 0.0), self.linear("down_proj", inter, h, "dense_ffn")]
+            return [norm("ffn_norm", t, h), *self.mlp(DENSE_MLP, t, h, inter, "dense_ffn")]
         e, k, inter = m.n_routed_experts, m.num_experts_per_tok, m.moe_intermediate_size
         rows = t * k
         touched = e * (1.0 - (1.0 - k / e) ** t)  # expected distinct experts under uniform routing
@@ -206,8 +221,7 @@ class _Layers:
                grouped_gemm("experts_down", rows, inter, h, touched, w, act), *self.routing("moe_unsort", "", rows)]
         if m.n_shared_experts:
             width = m.n_shared_experts * inter
-            ops += [self.linear("shared_gate_up", h, 2 * width, "shared_experts"),
-                    swiglu("shared_swiglu", t, width, 0.0), self.linear("shared_down", width, h, "shared_experts")]
+            ops += self.mlp(SHARED_MLP, t, h, width, "shared_experts")
         combine = vector("moe_combine", "moe_combine", {"tokens": t, "topk": k, "hidden": h},
                          read=BF16.bytes_for(rows * h + t * h), written=BF16.bytes_for(t * h), flops=2.0 * rows * h)
         return ops + [combine]

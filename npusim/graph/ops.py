@@ -38,14 +38,15 @@ class Op:
 
 
 def gemm(name: str, m: int, k: int, n: int, weight: Storage, act: Storage, *, batch: int = 1,
-         kind: str = "gemm") -> Op:
-    """[batch] x (m x k) @ (k x n): a linear (batch 1), per-head absorption or a grouped low-rank projection."""
+         kind: str = "gemm", out: str = BF16.dtype) -> Op:
+    """[batch] x (m x k) @ (k x n): a linear (batch 1), per-head absorption or a grouped low-rank projection; `out`
+    int32: a W8A8 linear's accumulators left undequantised for a fused dequant-SwiGLU-quant."""
     w = weight.bytes_for(batch * k * n)
     shape = {"m": m, "k": k, "n": n} | ({"batch": batch} if batch > 1 else {})
     return Op(name=name, kind=kind, unit="cube", shape=shape,
-              dtypes={"a": act.dtype, "b": weight.dtype, "out": BF16.dtype},
+              dtypes={"a": act.dtype, "b": weight.dtype, "out": out},
               flops=2.0 * batch * m * k * n, bytes_read=act.bytes_for(batch * m * k) + w,
-              bytes_written=BF16.bytes_for(batch * m * n), weight_bytes=w)
+              bytes_written=batch * m * n * BYTES_PER_ELEMENT[out], weight_bytes=w)
 
 
 def grouped_gemm(name: str, rows: int, k: int, n: int, experts: float, weight: Storage, act: Storage,
@@ -88,8 +89,8 @@ def swiglu(name: str, rows: int, width: int, clamp: float) -> Op:
 
 
 def dequant_swiglu_quant(name: str, rows: int, width: int, clamp: float, act: Storage) -> Op:
-    """W8A8 experts: the gate-up's int32 [gate | up] and the rows' scales -> SwiGLU -> `act` (int8 per row), the down
-    projection's input, in one vector pass (npu_dequant_swiglu_quant)."""
+    """W8A8 experts, shared expert and dense MLP: the gate-up's int32 [gate | up] and the rows' scales -> SwiGLU ->
+    `act` (int8 per row), the down projection's input, in one vector pass (npu_dequant_swiglu_quant)."""
     shape = {"rows": rows, "width": width} | ({"clamp": round(clamp)} if clamp else {})
     return replace(vector(name, "dequant_swiglu_quant", shape, read=rows * (2 * width * BYTES_PER_ELEMENT["int32"] + 4),
                           written=rows * act.bytes_for(width), flops=(11.0 + (2.0 if clamp else 0.0)) * rows * width),

@@ -63,6 +63,12 @@ SCHEMES = {
 }
 
 
+def raw_int32(sch: Scheme, out_dtype: str) -> Scheme:
+    """An int32 output is the accumulators as they are: no scales applied, no dequantisation on FIXPIPE (W8A8's
+    gate-up before npu_dequant_swiglu_quant, which applies the scales)."""
+    return dataclasses.replace(sch, scale="", fixpipe_dequant=False) if out_dtype == "int32" else sch
+
+
 def scheme_of(name: str) -> Scheme:
     if name not in SCHEMES:
         raise NpusimError(f"unknown dtype scheme '{name}'; allowed: {', '.join(SCHEMES)}", field="dtype")
@@ -508,7 +514,9 @@ class Gemm(Kernel):
 
     @property
     def scheme(self) -> Scheme:
-        return scheme_of(self.dtype)
+        """The dtype scheme; int32 out: the raw accumulators, no dequantisation on FIXPIPE (a W8A8 linear's gate-up
+        before npu_dequant_swiglu_quant, which applies the scales), as GroupedGemm.scheme."""
+        return raw_int32(scheme_of(self.dtype), self.out_dtype)
 
     @property
     def problem(self) -> GemmShape:
@@ -692,10 +700,8 @@ class GroupedGemm(Kernel):
         return Work(2.0 * self.rows * self.n * self.k, io, cube_dtype=dt)
 
     def scheme(self) -> Scheme:
-        """The dtype scheme; int32 out: the raw accumulators, no dequantisation on FIXPIPE (W8A8's gate-up before
-        npu_dequant_swiglu_quant, which applies the scales)."""
-        sch = scheme_of(self.dtype)
-        return dataclasses.replace(sch, scale="", fixpipe_dequant=False) if self.out_dtype == "int32" else sch
+        """The dtype scheme; int32 out: the raw accumulators (`raw_int32`)."""
+        return raw_int32(scheme_of(self.dtype), self.out_dtype)
 
     def build(self, chip: Chip) -> Trace:
         sch = self.scheme()

@@ -36,6 +36,10 @@ from npusim.spec.chip import Chip
 MIN_TILE_BYTES = 4096  # least data a tile moves when the wide axis is split (HcPost tiling, models.md §2.5 [CRI])
 COL_ALIGN_BYTES = 512  # column tiles 512 B aligned (same source)
 MIN_COL_BYTES = 1024  # and at least 1 KB of a row (same source)
+# DequantSwigluQuant when a row does not fit UB: UB bytes per column of a pass (11 fp32 buffers + the int8 output)
+# and the chunk alignment, 512 B of fp32 (ops-nn quant/dequant_swiglu_quant/op_host/dequant_swiglu_quant_tiling_base.cpp
+# DYNAMIC_BF16_TBUF_NUM_HALF, PACK_UINT_IN_CACHE_512B)
+WIDE_UB_BYTES_PER_COL, WIDE_ALIGN = 45, 128
 FORMATS = {"fp8e4m3": 1.0, "fp8e5m2": 1.0, "fp4e2m1": 0.5, "e8m0": 1.0}  # element formats beside the chip's dtypes
 EXACT = {"e8m0": ""}  # power-of-two scales are stored exactly (no rounding step)
 HALF = ("bf16", "fp16")  # 16-bit floats the vector steps take to fp32 and back (Cast)
@@ -728,6 +732,108 @@ class DequantSwigluQuant(Swiglu):
                 *(replace(st, out=y, ins=("g", "u")) for st in Swiglu.steps(self)),
                 Step("quant_scale", s, ("y",), 1.0 * w, args, scale),
                 Step("quant_apply", q, ("y", "s"), 2.0 * w, args, apply))
+
+    # ---------------------------------------------------------------- a row wider than UB (the dense MLP's 18432)
+    def build(self, chip: Chip) -> Trace:
+        if self.tile_tokens or self.tile_cols or self.fewest(chip)[1]:
+            return super().build(chip)
+        return self.build_wide(chip)
+
+    def chunk(self, chip: Chip) -> tuple[int, int]:
+        """(column chunks of a row, columns a chunk) when a whole row does not fit UB. CANN's tiling for int32 x with
+        dynamic quantisation (ops-nn quant/dequant_swiglu_quant/op_host/dequant_swiglu_quant_tiling_base.cpp,
+        GetBufferNumAndDataLenPerUB / getBaseColLenUpBound): UB / 45 B columns a pass (11 fp32 buffers and the int8
+        output per column), 512 B (128 fp32) aligned, one row a tile; here the row cut into equal chunks of at most
+        that (CANN: full chunks and a tail)."""
+        cap = max(WIDE_ALIGN, int(chip.aiv.buffers.ub // WIDE_UB_BYTES_PER_COL) // WIDE_ALIGN * WIDE_ALIGN)
+        n = cdiv(self.width, cap)
+        return n, 8 * cdiv(cdiv(self.width, n), 8)
+
+    def build_wide(self, chip: Chip) -> Trace:
+        """One row a block, in two passes over its column chunks (the workspace of colLen fp32 per core that the
+        tiling reserves when a row is cut, GetWorkspaceSize): dequantise and SwiGLU each chunk into the GM workspace
+        (L2), keeping the chunk's scale; the row's scale is the largest; then each chunk read back, quantised and
+        stored. The workspace round trip is L2 traffic (a core's row is colLen x 4 B)."""
+        n, bc = self.chunk(chip)
+        prog = TileProgram(self.name, chip, self.buffering)
+        inq = prog.queue("in", (AIV, "mte2"), (AIV, "vector"), depth=2, slot={"ub": 2 * 4.0 * bc + 4.0})
+        outq = prog.queue("out", (AIV, "vector"), (AIV, "mte3"), depth=2, slot={"ub": 4.0 * bc})
+        prog.reserve("ub", 3 * 4.0 * bc + 4.0 * (n + 1))  # g, u, y in fp32; the chunks' scales and the row's
+        v = prog.code(AIV)
+        v.addr(tt=lin(("blk", 1)))
+        with v.loop(n, "c"):
+            self.first_pass(v, inq, outq, bc)
+        self.row_scale(v, outq, n)
+        with v.loop(n, "c"):
+            self.second_pass(v, inq, outq, bc)
+        groups = prog.groups([Band(self.rows, None, (v.body(),))], chip.aiv.count)
+        return Trace(self.name, chip.name, self.shape, groups, 0.0, self.work().hbm_bytes, prog.buffers(),
+                     {"tile_tokens": 1, "tile_cols": bc, "chunks": n, "tiles": self.rows} | prog.tiling(),
+                     dtype="bf16")
+
+    def wide_ref(self, name: str, bc: int, offset: int = 0, stop: int = 0) -> Ref:
+        """Chunk `c` of the block's row of a [rows, stop] GM array, from column `offset`."""
+        return Ref(name, (lin(("tt", 1)), lin(("c", bc), base=offset)), (1, bc), (self.rows, stop or self.width))
+
+    @stage
+    def first_pass(self, v: Code, inq: Queue, outq: Queue, bc: int) -> None:
+        w, ub = self.width, (lambda name, cols=bc: Ref(f"ub.{name}", (0, 0), (1, cols)))
+        v.alloc(inq)
+        v.op("mte2", "load_gate", Act("load", ub("gate"), (self.wide_ref("x", bc, 0, w),), "int32"),
+             bytes=4.0 * bc, dtype="int32", src="gm", dst="ub")
+        v.op("mte2", "load_up", Act("load", ub("up"), (self.wide_ref("x", bc, w, 2 * w),), "int32"),
+             bytes=4.0 * bc, dtype="int32", src="gm", dst="ub")
+        v.op("mte2", "load_xs", Act("load", ub("xs", 1), (Ref("xs", (lin(("tt", 1)), 0), (1, 1), (self.rows, 1)),),
+                                    "fp32"), bytes=4.0, dtype="fp32", src="gm", dst="ub")
+        v.enque(inq)
+        v.deque(inq)
+        v.alloc(outq)
+        (deq_g, deq_u, act, scale, _) = self.steps()
+        for st, out, ins in ((deq_g, "g", ("gate", "xs")), (deq_u, "u", ("up", "xs")), (act, "y", ("g", "u"))):
+            v.op("vector", f"{st.op}_{out}", Act(st.op, ub(out), tuple(ub(i, -1) for i in ins), "fp32", st.args),
+                 flops=st.flops * bc / w, bytes=4.0 * bc, dtype="fp32", src="ub", dst="ub")
+        v.op("vector", "chunk_scale", Act("quant_scale", Ref("ub.m", (0, lin(("c", 1))), (1, 1)), (ub("y"),), "fp32",
+                                          scale.args), flops=scale.flops * bc / w, bytes=4.0 * bc, dtype="fp32",
+             src="ub", dst="ub", issues=max(1, scale.chain))
+        v.free(inq)
+        v.enque(outq)
+        v.deque(outq)
+        v.op("mte3", "store_ws", Act("store", self.wide_ref("gm.y", bc), (ub("y"),), "fp32"), bytes=4.0 * bc,
+             dtype="fp32", src="ub", dst="gm", hit=1.0)
+        v.free(outq)
+
+    @stage
+    def row_scale(self, v: Code, outq: Queue, n: int) -> None:
+        """The row's scale: the largest of its chunks' (amax / 127), stored."""
+        s = Ref("ub.s", (0, 0), (1, 1))
+        v.alloc(outq)
+        v.op("vector", "row_scale", Act("row_max", s, (Ref("ub.m", (0, 0), (1, n)),), "fp32"), flops=1.0 * n,
+             bytes=4.0 * n, dtype="fp32", src="ub", dst="ub")
+        v.enque(outq)
+        v.deque(outq)
+        v.op("mte3", "store_s", Act("store", Ref("s", (lin(("tt", 1)), 0), (1, 1), (self.rows, 1)), (s,), "fp32"),
+             bytes=4.0, dtype="fp32", src="ub", dst="gm")
+        v.free(outq)
+
+    @stage
+    def second_pass(self, v: Code, inq: Queue, outq: Queue, bc: int) -> None:
+        ub = (lambda name, cols=bc: Ref(f"ub.{name}", (0, 0), (1, cols)))
+        apply = self.steps()[-1]
+        v.alloc(inq)
+        v.op("mte2", "load_ws", Act("load", ub("y2"), (self.wide_ref("gm.y", bc),), "fp32"), bytes=4.0 * bc,
+             dtype="fp32", src="gm", dst="ub", hit=1.0)
+        v.enque(inq)
+        v.deque(inq)
+        v.alloc(outq)
+        v.op("vector", "quant_apply", Act("quant_apply", ub("q"), (ub("y2", -1), Ref("ub.s", (0, 0), (1, 1))), "int8",
+                                          apply.args), flops=apply.flops * bc / self.width, bytes=4.0 * bc,
+             dtype="fp32", src="ub", dst="ub", issues=max(1, apply.chain))
+        v.free(inq)
+        v.enque(outq)
+        v.deque(outq)
+        v.op("mte3", "store_q", Act("store", self.wide_ref("q", bc), (ub("q"),), "int8"), bytes=1.0 * bc,
+             dtype="int8", src="ub", dst="gm")
+        v.free(outq)
 
 
 @register

@@ -45,8 +45,10 @@ KERNEL_OF = {"rmsnorm": "rowwise", "layernorm": "rowwise", "hadamard": "gemm", "
 def kernel_name(op: Op) -> str:
     """The kernel an op runs (the name a plan's `kernels:` options are given under). A W8A8 linear (int8
     activations with per-token scales, int8 weights with per-channel scales) runs the MIX quant matmul whose AIVs
-    dequantise (CANN QuantBatchMatmulV3's per-token template and catlass 12_quant_matmul alike)."""
-    if op.kind == "gemm" and op.dtypes.get("a") == op.dtypes.get("b") == "int8" and op.shape.get("batch", 1) == 1:
+    dequantise (CANN QuantBatchMatmulV3's per-token template and catlass 12_quant_matmul alike); with int32 out
+    there is nothing to dequantise and it is the cube's plain GEMM, the accumulators written by FIXPIPE."""
+    if op.kind == "gemm" and op.dtypes.get("a") == op.dtypes.get("b") == "int8" and op.shape.get("batch", 1) == 1 \
+            and op.dtypes.get("out") != "int32":
         return "quant_matmul"
     return KERNEL_OF.get(op.kind, op.kind)
 
@@ -132,7 +134,8 @@ def _default_kernel(op: Op, chip: Chip) -> Kernel | None:
     if kernel_name(op) == "quant_matmul":
         return kernel("quant_matmul", {"m": s["m"], "n": s["n"], "k": s["k"]})
     if op.kind == "gemm":
-        return kernel("gemm", {"m": s["m"], "n": s["n"], "k": s["k"], "batch": batch}, dtype=_scheme(op, chip))
+        return kernel("gemm", {"m": s["m"], "n": s["n"], "k": s["k"], "batch": batch}, dtype=_scheme(op, chip),
+                      out_dtype=op.dtypes.get("out", "bf16"))
     if op.kind == "grouped_gemm":
         return kernel("grouped_gemm", {k: s[k] for k in ("rows", "k", "n", "experts")}, dtype=_scheme(op, chip),
                       out_dtype=op.dtypes["out"])
