@@ -46,12 +46,22 @@ class Memory:
 
 
 def _o_proj_params(model: ModelConfig) -> float:
+    """One layer's o_proj (V4: o_b_proj), split over its own group."""
     if model.is_v4:
-        per_layer = model.o_groups * model.o_lora_rank * model.hidden_size
-    else:
-        per_layer = model.num_attention_heads * (model.head_dim if model.is_gqa else model.v_head_dim) * \
-            model.hidden_size
-    return per_layer * model.num_hidden_layers
+        return model.o_groups * model.o_lora_rank * model.hidden_size
+    return model.num_attention_heads * (model.head_dim if model.is_gqa else model.v_head_dim) * model.hidden_size
+
+
+def _latent_params(model: ModelConfig) -> float:
+    """One layer's projections into the latent, which have no head dimension: q_a_proj and kv_a_proj_with_mqa
+    (V4: wq_a and wkv). Every rank of an attention-TP group holds them whole, as shard.REPLICATED runs them: they are
+    ReplicatedLinear in cann-recipes-infer @ fbc225d, models/deepseek_v3_2_exp/models/modeling_deepseek.py:831 and
+    :846, models/deepseek_r1/models/modeling_deepseek.py:853 and :868, models/deepseek_v4/models/modeling_deepseek.py
+    :738 and :756. GQA has none."""
+    if model.is_gqa:
+        return 0.0
+    h, ql = model.hidden_size, model.q_lora_rank
+    return h * ql + h * (model.head_dim if model.is_v4 else model.kv_lora_rank + model.qk_rope_head_dim)
 
 
 def weight_bytes(model: ModelConfig, plan: Plan, phase: str, quant: QuantScheme) -> float:
@@ -59,11 +69,13 @@ def weight_bytes(model: ModelConfig, plan: Plan, phase: str, quant: QuantScheme)
     inst = plan.instance(phase)
     pc = accounting.parameters(model)
     local_experts = math.ceil((model.n_routed_experts + plan.eplb.redundant_experts) / inst.moe.ep)
-    o_proj = _o_proj_params(model)
+    layers = model.num_hidden_layers
+    o_proj = _o_proj_params(model) * layers
+    whole = _latent_params(model) * layers if accounting.mla_a_class(model) == "attention" else 0.0
     share = {
-        "attention": None,  # split below: o_proj over its group, the rest by attention TP
+        "attention": None,  # split below: o_proj over its group, the latent projections whole, the rest by TP
         "kv_b": 1.0 / inst.attention.tp,  # by heads, as the rest of attention
-        "mla_a": 1.0 / inst.attention.tp,  # as 'attention' holds them under R1's conversion
+        "mla_a": 1.0,  # V3.2's q_a / kv_a (_latent_params)
         "indexer": 1.0,  # replicated over attention TP (SGLang / vLLM Indexer)
         "indexer_k": 1.0,
         "routed_experts": local_experts / model.n_routed_experts / inst.moe.tp,
@@ -77,7 +89,7 @@ def weight_bytes(model: ModelConfig, plan: Plan, phase: str, quant: QuantScheme)
     for cls, n in pc.by_class.items():
         per = BF16.bytes_per_element() if cls == accounting.UNQUANTISED else quant.weights(cls).bytes_per_element()
         if cls == "attention":
-            total += per * (o_proj / inst.o_proj_group + (n - o_proj) / inst.attention.tp)
+            total += per * (o_proj / inst.o_proj_group + whole + (n - o_proj - whole) / inst.attention.tp)
         else:
             total += per * n * share[cls]
     if plan.mtp.depth and pc.mtp:
