@@ -2,6 +2,7 @@
 apart every field that changes a result (a perturbed field the result read is a miss, never a stale hit)."""
 
 import dataclasses
+import gc
 
 import pandas as pd
 import pytest
@@ -42,6 +43,19 @@ def test_memoised_sweep_is_bit_identical_to_unmemoised(no_disk_cache, monkeypatc
     alone = npusim.sweep(base=A16, grid=GRID, workers=1, cache="off", progress=False)
     assert (shared["error"] == "").all() and shared["tpot_s"].nunique() == len(shared)
     pd.testing.assert_frame_equal(shared, alone, check_exact=True)
+
+
+def test_memo_entries_hold_no_reference_cycles(no_disk_cache):
+    """A sweep freezes what each point leaves in the memos (sweeps.run.collecting): entries are freed by reference
+    counting when dropped, so none may sit in a reference cycle (a frozen cycle would never be freed)."""
+    forget()
+    points = sweep_run.SweepSpec("t", A16, {"batch": [1024], "input": [1024, 4096]}).expand()
+    with sweep_run.collecting():
+        rows = [sweep_run.evaluate_collected(p) for p in points]
+        assert gc.get_freeze_count() > 0 and not any(r["error"] for r in rows)
+        forget()
+        gc.unfreeze()
+        assert gc.collect() == 0
 
 
 def test_trace_memo_is_shared_across_a_rate_it_does_not_read():
