@@ -50,7 +50,8 @@ DEPLOYMENT = {
     "o_proj_quant": "npu_dynamic_quant",
     "o_proj": "npu_quant_matmul",
     "ffn_norm": "post_attention_layernorm",
-    "moe_gate": "FP32 gate linear on a cast copy of the hidden states (M:334-335), npu_moe_gating_top_k; npusim: BF16",
+    "moe_gate_cast": "hidden_states.to(torch.float32) (M:334)",
+    "moe_gate": "FP32 gate linear (ReplicatedLinear params_dtype float32, M:313-318, :335), npu_moe_gating_top_k",
     "moe_init_routing": "npu_moe_init_routing_v2, quant_mode 1: INT8 rows (M:692)",
     "moe_re_routing": "npu_moe_re_routing (M:540)",
     "experts_gate_up": "npu_grouped_matmul with output_dtype int32 (Q compressed_tensors_moe_gmm.py:160)",
@@ -137,9 +138,9 @@ def main() -> None:
         f"## A15: one MoE layer of the one-stream run ({step:.1f} ms of ops, communication included) against the "
         "deployment", "",
         ops.round(1).to_markdown(index=False), "",
-        "Not in npusim yet (each sourced above): the FP32 router gate and its "
-        "cast, the NTD layout copies of q and the 128-head repeat of k_rope, the count and scale all-to-alls with the "
-        f"host sync before the dispatch. Their bandwidth cost is ~1.4 ms a layer (estimate: the bytes above at HBM rate) "
+        "Not in npusim yet (each sourced above): "
+        "the NTD layout copies of q and the 128-head repeat of k_rope, the count and scale all-to-alls with the "
+        f"host sync before the dispatch. Their bandwidth cost is ~0.9 ms a layer (estimate: the bytes above at HBM rate) "
         f"against the {short:.1f} ms a layer the pair implies; the rest would be kernel efficiency of the CANN "
         "grouped / quant matmuls and FIA, for which no A3 measurement at these shapes is in kernels.md (efficiency.cube is fitted on pto-isa FP16 GEMMs, K20/K21).", "",
         "## A17: one DSA MoE layer of the 128K prefill, CP64 and CP128", "",

@@ -148,6 +148,9 @@ CASES: list[tuple[str, dict, str, int]] = [
     ("swiglu", {"rows": 4, "width": 18432}, "910b2", 0),
     ("dequant_swiglu_quant", {"rows": 4096, "width": 2048}, "910c-die", 0),
     ("dequant_swiglu_quant", {"rows": 8, "width": 2048}, "910b2", 0),
+    ("dequant_swiglu_quant", {"rows": 64, "width": 18432}, "910c-die", 0),  # the dense MLP's row, cut in chunks
+    ("copy", {"rows": 4096, "cols": 7168, "dtype": "bf16", "out_dtype": "fp32"}, "910c-die", 0),  # fp32 router cast
+    ("copy", {"rows": 4096, "cols": 64, "repeat": 128}, "910c-die", 0),  # k_rope repeated over 128 heads
     ("moe_combine", {"tokens": 16, "topk": 8, "hidden": 7168}, "910c-die", 0),
     ("moe_combine", {"tokens": 2048, "topk": 6, "hidden": 4096}, "950pr", 0),
     ("embedding", {"tokens": 4096, "hidden": 4096, "streams": 4}, "910c-die", 0),

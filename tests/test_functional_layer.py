@@ -19,7 +19,7 @@ RNG = np.random.default_rng(7)
 
 
 @pytest.mark.parametrize("name", ["mhc_pre", "mhc_post", "moe_gate", "compressor", "rope", "swiglu", "dequant_swiglu_quant",
-                                  "moe_combine",
+                                  "copy", "moe_combine",
                                   "moe_permute", "embedding", "cache_update"])
 def test_traced_execution_matches_float64(name):
     for e in verify.VERIFY[name]({}, RNG):

@@ -13,6 +13,7 @@ from npusim.graph.accounting import parameters
 from npusim.graph.positions import Queries, prefix_floor, prefix_min
 from npusim.parallel.optime import kernel_name
 from npusim.spec.model import load_model
+from npusim.spec.plan import ModelCode
 from npusim.spec.quant import BF16, get_quant
 
 K128 = 131072
@@ -223,6 +224,24 @@ def test_w8a8_shared_expert_and_dense_mlp_take_the_int32_path_too(m):
         assert kernel_name(lg.op(up)) == "gemm" and kernel_name(lg.op(down)) == "quant_matmul"
     bf16 = build_graph(v31, "prefill", 2, 4096, quant="bf16").layer("mla-moe")
     assert bf16.op("shared_gate_up").dtypes["out"] == "bf16" and bf16.op("shared_swiglu").kind == "swiglu"
+
+
+def test_an_fp32_router_casts_the_hidden_states_and_runs_the_gate_in_fp32(m):
+    """The plan's model_code.router_dtype fp32 (cann-recipes' R1 gate): a bf16 -> fp32 copy of the hidden states right
+    before the gate, whose GEMM reads fp32 activations and an fp32 weight; by default neither."""
+    v31 = m["deepseek-v3.1"]
+    h, e = v31.hidden_size, v31.n_routed_experts
+    for phase, batch in (("prefill", 2), ("decode", 8)):
+        g = build_graph(v31, phase, batch, 4096, quant="w8a8", code=ModelCode(router_dtype="fp32")).layer("mla-moe")
+        names = [o.name for o in g.ops]
+        cast, gate = g.op("moe_gate_cast"), g.op("moe_gate")
+        t = gate.shape["m"]
+        assert names.index("moe_gate_cast") + 1 == names.index("moe_gate")
+        assert cast.kind == "copy" and cast.dtypes == {"x": "bf16", "out": "fp32"}
+        assert cast.bytes_read == 2 * t * h and cast.bytes_written == 4 * t * h
+        assert gate.dtypes["a"] == gate.dtypes["b"] == "fp32" and gate.weight_bytes == 4 * h * e
+        plain = build_graph(v31, phase, batch, 4096, quant="w8a8").layer("mla-moe")
+        assert "moe_gate_cast" not in [o.name for o in plain.ops] and plain.op("moe_gate").dtypes["a"] == "bf16"
 
 
 # ------------------------------------------------------------------------------------------ DeepSeek-V4

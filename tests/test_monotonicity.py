@@ -43,6 +43,8 @@ KERNELS = {
     "quantise": st.fixed_dictionaries({"rows": tokens, "elements": st.sampled_from([128, 576, 7168])}),
     "swiglu": st.fixed_dictionaries({"rows": tokens, "width": st.sampled_from([2048, 4096])}),
     "dequant_swiglu_quant": st.fixed_dictionaries({"rows": tokens, "width": st.sampled_from([2048, 4096, 18432])}),
+    "copy": st.fixed_dictionaries({"rows": tokens, "cols": st.sampled_from([64, 7168, 16384]),
+                                   "repeat": st.sampled_from([1, 128])}),
     "mhc_pre": st.fixed_dictionaries({"tokens": tokens, "hidden": st.sampled_from([4096, 7168])}),
     "flash_attention": st.fixed_dictionaries({"tokens": st.sampled_from([1, 4, 128, 1024]),
                                               "keys": st.sampled_from([1024, 4096]), "heads": st.just(16),

@@ -284,5 +284,5 @@ def v4_sparse_attn(q: np.ndarray, kv: np.ndarray, sink: np.ndarray, topk_idxs: n
 
 
 from npusim.functional.layer_ops import (CompressorState, cache_update, compressor, compressor_decode,  # noqa: E402
-                                         compressor_state, dequant_swiglu_quant, dequantise, embedding, mhc_post,
+                                         compressor_state, copy, dequant_swiglu_quant, dequantise, embedding, mhc_post,
                                          mhc_pre, moe_combine, moe_gate, moe_permute, quantise, rope, sinkhorn, swiglu)

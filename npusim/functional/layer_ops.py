@@ -1,6 +1,6 @@
 """The ops around attention and the experts, executed by their kernels' tile traces (re-exported by
 `npusim.functional`): mHC pre/post and Sinkhorn, MoE gate and combine, the KV Compressor, RoPE, quantise /
-dequantise, SwiGLU and W8A8's dequant-SwiGLU-quant, the MoE routing permutations, embedding. Shapes follow
+dequantise, SwiGLU and W8A8's dequant-SwiGLU-quant, the MoE routing permutations, embedding, row copies / casts. Shapes follow
 models.md §1-2; T tokens, n residual streams, d hidden. Limit: the Compressor's decode step runs its GEMM as a trace
 and its pooling / norm / RoPE as the kernel's actions on the carried state (the prefill kernel has no per-token state
 in GM)."""
@@ -94,6 +94,15 @@ def swiglu(x: np.ndarray, clamp: float = 0.0, chip: str | Chip = "910b2") -> np.
     rows, w2 = x.shape
     kern = vector.Swiglu(rows, w2 // 2, int(clamp))
     return _run(kern, {"x": rnd(x, "bf16"), "out": np.zeros((rows, w2 // 2))}, chip)["out"]
+
+
+def copy(x: np.ndarray, repeat: int = 1, dtype: str = "bf16", out_dtype: str = "bf16",
+         chip: str | Chip = "910b2") -> np.ndarray:
+    """x [rows, cols] stored in `dtype` -> its rows, each `repeat` times in a row, in `out_dtype` (a layout copy, a
+    cast, Tensor.repeat)."""
+    rows, cols = x.shape
+    kern = vector.Copy(rows, cols, repeat, dtype, out_dtype)
+    return _run(kern, {"x": rnd(x, dtype), "out": np.zeros((rows * repeat, cols))}, chip)["out"]
 
 
 def dequant_swiglu_quant(x: np.ndarray, xs: np.ndarray, clamp: float = 0.0, chip: str | Chip = "910b2"):

@@ -296,6 +296,17 @@ def verify_dequant_swiglu_quant(shape: dict, rng: np.random.Generator) -> list[E
     return out
 
 
+def verify_copy(shape: dict, rng: np.random.Generator) -> list[Error]:
+    """Rows copied (bf16), cast to fp32 (exact) and back (bf16 rounding), and repeated as Tensor.repeat lays them."""
+    rows, cols = shape.get("rows", 37), shape.get("cols", 640)
+    x = 3 * rng.standard_normal((rows, cols))
+    xb = rnd(x, "bf16")
+    return [_err("bf16 copy", F.copy(x), xb, bool(np.array_equal(F.copy(x), xb))),
+            _err("fp32 cast", F.copy(x, dtype="bf16", out_dtype="fp32"), xb),
+            _err("bf16 cast of fp32", F.copy(x, dtype="fp32", out_dtype="bf16"), xb),
+            _err("bf16 repeat", F.copy(x[:, :64], repeat=5), np.repeat(xb[:, :64], 5, 0))]
+
+
 def verify_moe_combine(shape: dict, rng: np.random.Generator) -> list[Error]:
     t, k, d = shape.get("tokens", 6), shape.get("topk", 8), shape.get("hidden", 1024)
     y, idx = rng.standard_normal((t * k, d)), rng.permutation(t * k).reshape(t, k)
@@ -329,7 +340,7 @@ VERIFY["quant_matmul"] = verify_quant_matmul
 VERIFY |= {"mhc_pre": verify_mhc_pre, "mhc_post": verify_mhc_post, "moe_gate": verify_moe_gate,
            "compressor": verify_compressor, "rope": verify_rope, "quantise": verify_quantise,
            "dequantise": verify_quantise, "swiglu": verify_swiglu,
-           "dequant_swiglu_quant": verify_dequant_swiglu_quant, "moe_combine": verify_moe_combine,
+           "dequant_swiglu_quant": verify_dequant_swiglu_quant, "copy": verify_copy, "moe_combine": verify_moe_combine,
            "moe_permute": verify_moe_permute, "embedding": verify_embedding}
 
 

@@ -17,10 +17,11 @@ from dataclasses import replace
 
 from npusim.errors import NpusimError
 from npusim.graph import accounting
-from npusim.graph.ops import (LayerGraph, ModelGraph, Op, cache_store, dequant_swiglu_quant, gemm, grouped_gemm,
-                              norm, rope, swiglu, vector)
+from npusim.graph.ops import (LayerGraph, ModelGraph, Op, cache_store, copy, dequant_swiglu_quant, gemm,
+                              grouped_gemm, norm, rope, swiglu, vector)
 from npusim.graph.positions import Queries
 from npusim.spec.model import OVERLAP_RATIO, ModelConfig
+from npusim.spec.plan import ModelCode
 from npusim.spec.quant import BF16, QuantScheme, Storage, get_quant
 
 PHASES = ("prefill", "decode")
@@ -34,8 +35,9 @@ BF16_INPUT_LINEARS = ("q_a_proj", "kv_a_proj", "q_b_proj", "o_proj", "shared_gat
 class _Layers:
     """Op factory bound to one model, quantisation and step; one method per sublayer."""
 
-    def __init__(self, model: ModelConfig, quant: QuantScheme, q: Queries, prefill: bool = False):
-        self.m, self.quant, self.q, self.prefill = model, quant, q, prefill
+    def __init__(self, model: ModelConfig, quant: QuantScheme, q: Queries, prefill: bool = False,
+                 code: ModelCode = ModelCode()):
+        self.m, self.quant, self.q, self.prefill, self.code = model, quant, q, prefill, code
         self.t = q.tokens
         self.kv_row = accounting.kv_row_bytes(model, quant)
         self.idx_row = accounting.indexer_row_bytes(model, quant) if model.has_indexer else 0.0
@@ -206,7 +208,7 @@ class _Layers:
         touched = e * (1.0 - (1.0 - k / e) ** t)  # expected distinct experts under uniform routing
         w = self.quant.routed_experts
         hashed = layer < m.num_hash_layers
-        gate = self.linear("moe_gate", h, e, None, kind="moe_gate")
+        gate = self.router(h, e)
         gate = replace(gate, shape=gate.shape | {"topk": k, "hash": int(hashed), "groups": m.n_group})
         act = self.quant.activation_for(w)
         # W8A8 experts: the gate-up leaves int32 accumulators that one vector kernel dequantises, activates and
@@ -215,7 +217,8 @@ class _Layers:
         raw = w.dtype == act.dtype == "int8"
         activate = dequant_swiglu_quant("experts_swiglu", rows, inter, m.swiglu_limit, act) if raw else \
             swiglu("experts_swiglu", rows, inter, m.swiglu_limit)
-        ops = [norm("ffn_norm", t, h), gate, *self.routing("moe_init_routing", "moe_re_routing", rows, act),
+        cast = [copy("moe_gate_cast", t, h, BF16.dtype, "fp32")] if self.code.router_dtype == "fp32" else []
+        ops = [norm("ffn_norm", t, h), *cast, gate, *self.routing("moe_init_routing", "moe_re_routing", rows, act),
                grouped_gemm("experts_gate_up", rows, h, 2 * inter, touched, w, act, out="int32" if raw else "bf16"),
                activate,
                grouped_gemm("experts_down", rows, inter, h, touched, w, act), *self.routing("moe_unsort", "", rows)]
@@ -225,6 +228,16 @@ class _Layers:
         combine = vector("moe_combine", "moe_combine", {"tokens": t, "topk": k, "hidden": h},
                          read=BF16.bytes_for(rows * h + t * h), written=BF16.bytes_for(t * h), flops=2.0 * rows * h)
         return ops + [combine]
+
+    def router(self, h: int, experts: int) -> Op:
+        """The MoE gate's GEMM (kept out of every quantisation preset); the model code's fp32 router runs it on fp32
+        hidden states (the cast is moe_gate_cast) and an fp32 weight: cann-recipes-infer models/deepseek_r1/models/
+        modeling_deepseek.py:313-318 (ReplicatedLinear params_dtype=torch.float32) and :334-335
+        (hidden_states.to(torch.float32), self.gate) @ fbc225d."""
+        if self.code.router_dtype == "fp32":
+            f32 = Storage(dtype="fp32")
+            return gemm("moe_gate", self.t, h, experts, f32, f32, kind="moe_gate")
+        return self.linear("moe_gate", h, experts, None, kind="moe_gate")
 
     def routing(self, first: str, second: str, rows: int, act: Storage = BF16) -> list[Op]:
         """A bulk prefill's routing passes over the top-k rows (cann-recipes R1 "double routing"): before the
@@ -365,12 +378,14 @@ def _check(model: ModelConfig, phase: str, batch: int, length: int, mtp_tokens: 
 
 
 def build_graph(model: ModelConfig, phase: str, batch: int, length: int, *, mtp_tokens: int = 0,
-                quant: str | QuantScheme | None = None, cached: int = 0, dense_prefill: bool = False) -> ModelGraph:
+                quant: str | QuantScheme | None = None, cached: int = 0, dense_prefill: bool = False,
+                code: ModelCode = ModelCode()) -> ModelGraph:
     """The op graph of one prefill (`length` = prompt tokens per sequence computed now, on top of `cached` already in
     each sequence's cache: a prefix-cache hit or earlier chunks) or one decode step (`length` = context: keys the
     first new token sees, itself included; with MTP, 1 + mtp_tokens queries per sequence). `dense_prefill` builds a
     V3.2 prefill in MHA mode as V3.1's (kv_b up-projection, causal flash attention), the indexer only writing its key
-    cache, instead of Lightning Indexer + sparse attention (models.md §1.4)."""
+    cache, instead of Lightning Indexer + sparse attention (models.md §1.4). `code`: the ops the deployment's model code
+    adds (the plan's model_code)."""
     _check(model, phase, batch, length + cached, mtp_tokens)
     if cached < 0 or (cached and phase != "prefill"):
         raise NpusimError(f"cached tokens are a prefill quantity >= 0, got {cached} for {phase}", field="cached")
@@ -379,7 +394,7 @@ def build_graph(model: ModelConfig, phase: str, batch: int, length: int, *, mtp_
     mha = prefill and (dense_prefill or not model.has_indexer)
     q = Queries(batch=batch, first=cached + 1, per_seq=length) if prefill else \
         Queries(batch=batch, first=length, per_seq=1 + mtp_tokens)
-    f = _Layers(model, scheme, q, prefill)
+    f = _Layers(model, scheme, q, prefill, code)
     head_tokens = batch if prefill else q.tokens  # prefill needs logits of the last position only
     groups: dict[str, list[int]] = {}
     for layer in range(model.num_hidden_layers):
@@ -395,7 +410,8 @@ def build_graph(model: ModelConfig, phase: str, batch: int, length: int, *, mtp_
             ops = f.mtp(mtp_layer, mha, head_tokens)  # fills the MTP layer's cache over the whole prompt
             repeat = 1
         else:
-            ops = _Layers(model, scheme, Queries(batch=batch, first=length, per_seq=1)).mtp(mtp_layer, False, batch)
+            ops = _Layers(model, scheme, Queries(batch=batch, first=length, per_seq=1), code=code).mtp(mtp_layer, False,
+                                                                                                        batch)
             repeat = mtp_tokens  # one draft token per pass
         layers.append(LayerGraph(name="mtp", ops=tuple(ops), layers=(mtp_layer,), repeat=repeat))
     scenario = {"batch": batch, ("seq_len" if prefill else "context"): length, "mtp_tokens": mtp_tokens,

@@ -97,6 +97,14 @@ def dequant_swiglu_quant(name: str, rows: int, width: int, clamp: float, act: St
                    dtypes={"x": "int32", "out": act.dtype})
 
 
+def copy(name: str, rows: int, cols: int, src: str, dst: str, repeat: int = 1) -> Op:
+    """Rows copied (a layout change), cast (`src` -> `dst`) or repeated `repeat` times, on the vector cores."""
+    shape = {"rows": rows, "cols": cols} | ({"repeat": repeat} if repeat > 1 else {})
+    return replace(vector(name, "copy", shape, read=rows * cols * BYTES_PER_ELEMENT[src],
+                          written=rows * repeat * cols * BYTES_PER_ELEMENT[dst], flops=0.0),
+                   dtypes={"x": src, "out": dst})
+
+
 def cache_store(name: str, tokens: int, elements: int, row_bytes: float, store: Storage) -> Op:
     """Quantise (when the cache format is) and scatter new cache rows."""
     return Op(name=name, kind="quant" if store.quantised else "cache_update", unit="vector",

@@ -40,6 +40,7 @@ MIN_COL_BYTES = 1024  # and at least 1 KB of a row (same source)
 # and the chunk alignment, 512 B of fp32 (ops-nn quant/dequant_swiglu_quant/op_host/dequant_swiglu_quant_tiling_base.cpp
 # DYNAMIC_BF16_TBUF_NUM_HALF, PACK_UINT_IN_CACHE_512B)
 WIDE_UB_BYTES_PER_COL, WIDE_ALIGN = 45, 128
+COPY_DTYPES = ("bf16", "fp16", "fp32", "int8", "int32")  # what the copy kernel moves and casts between
 FORMATS = {"fp8e4m3": 1.0, "fp8e5m2": 1.0, "fp4e2m1": 0.5, "e8m0": 1.0}  # element formats beside the chip's dtypes
 EXACT = {"e8m0": ""}  # power-of-two scales are stored exactly (no rounding step)
 HALF = ("bf16", "fp16")  # 16-bit floats the vector steps take to fp32 and back (Cast)
@@ -834,6 +835,51 @@ class DequantSwigluQuant(Swiglu):
         v.op("mte3", "store_q", Act("store", self.wide_ref("q", bc), (ub("q"),), "int8"), bytes=1.0 * bc,
              dtype="int8", src="ub", dst="gm")
         v.free(outq)
+
+
+@register
+@dataclass(frozen=True)
+class Copy(Tiled):
+    """Rows copied, cast or repeated: x [rows, cols] in `dtype` -> out [rows * repeat, cols] in `out_dtype`, each
+    row written `repeat` times after itself. What a deployment's model code runs between kernels: torch's
+    contiguous() of a permuted view before an op that takes no strided input (the permutation is the DMAs' strides:
+    a row of a head moves as it is, so the arrays are the row copies), Tensor.to(float32) (a vector Cast, the
+    rounding of the store), Tensor.repeat along a new leading axis. One vector move per tile between the queues
+    (Ascend C's UB-to-UB DataCopy); no FLOPs."""
+
+    name: ClassVar[str] = "copy"
+    options: ClassVar[tuple[str, ...]] = ("dtype", "out_dtype", "buffering", "tile_tokens", "tile_cols")
+    limits: ClassVar[dict[str, Allowed]] = {"dtype": Allowed(choices=COPY_DTYPES),
+                                            "out_dtype": Allowed(choices=COPY_DTYPES)}
+    rows: int
+    cols: int
+    repeat: int = 1
+    dtype: str = "bf16"
+    out_dtype: str = "bf16"
+
+    @property
+    def tokens(self) -> int:
+        return self.rows
+
+    @property
+    def wide(self) -> int:
+        return self.cols
+
+    def inputs(self) -> tuple[Operand, ...]:
+        return (Operand("x", 1, self.cols, self.dtype),)
+
+    def outputs(self) -> tuple[Operand, ...]:
+        return (Operand("out", self.repeat, self.cols, self.out_dtype),)
+
+    def _work_bytes(self, bt: int, bc: int) -> float:
+        """No fp32 working copy: the move writes the out buffer itself."""
+        return 0.0
+
+    def steps(self) -> tuple[Step, ...]:
+        out = self.outputs()[0]
+        if self.repeat > 1:
+            return (Step("repeat_rows", out, ("x",), 0.0, (("streams", self.repeat),)),)
+        return (Step("copy", out, ("x",), 0.0),)
 
 
 @register

@@ -156,6 +156,10 @@ def _default_kernel(op: Op, chip: Chip) -> Kernel | None:
         return kernel("gemm", {"m": s["m"], "n": s["n"], "k": s["k"]}, dtype="bf16")
     if op.kind == "quant":
         return kernel("quantise", {"rows": s["rows"], "elements": s["elements"]}, dtype=op.dtypes["cache"])
+    if op.kind == "copy":
+        return kernel("copy", _accepted("copy", s), dtype=op.dtypes["x"], out_dtype=op.dtypes["out"])
+    if op.kind == "moe_gate":
+        return kernel("moe_gate", _accepted("moe_gate", s), dtype=op.dtypes.get("a", "bf16"))
     if op.kind == "moe_permute":
         return kernel("moe_permute", _accepted("moe_permute", s), dtype=op.dtypes["x"], out_dtype=op.dtypes["out"])
     if op.kind == "rope":  # the indexer's RoPE pairs halves, MLA's interleaves (models.md §1.3, [DS32-fix])

@@ -141,7 +141,7 @@ def shard_op(op: Op, inst: Instance, model: ModelConfig, plan: Plan, token_scale
         return scale_op(op, tokens=die * t, n_div=t)
     if op.name in EMBED:
         return scale_op(op, tokens=token_scale, weights=1.0 / inst.embed_tp)
-    if op.name in SIDE_STREAM_OPS or op.name in ("moe_gate", "moe_init_routing", "moe_combine"):
+    if op.name in SIDE_STREAM_OPS or op.name in ("moe_gate_cast", "moe_gate", "moe_init_routing", "moe_combine"):
         return scale_op(op, tokens=die, weights=1.0)
     if op.name in ALL_KEYS:
         return scale_op(op, tokens=1.0 / a.tp, weights=1.0 / a.tp)
@@ -250,7 +250,7 @@ def shard(model: ModelConfig, plan: Plan, phase: str, *, batch: int, length: int
     mtp = plan.mtp.depth
     dense = phase == "prefill" and plan.prefill_attention.dense(cached + length)
     graph = build_graph(model, phase, per_replica, length, mtp_tokens=mtp, quant=quant, cached=cached,
-                        dense_prefill=dense)
+                        dense_prefill=dense, code=plan.model_code)
     token_scale = 1.0 / a.cp if phase == "prefill" else 1.0
     tokens = graph.scenario["tokens"] * token_scale
     seq_tokens = graph.scenario["tokens"]

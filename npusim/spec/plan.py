@@ -18,6 +18,7 @@ from npusim.spec.schema import count, flag, internal, merge, quantity, text
 CP_MODES = ("allgather", "ring")
 TP_REDUCE = ("reduce_scatter", "all_reduce")
 PREFILL_KERNELS = ("sparse", "dense", "auto")
+ROUTER_DTYPES = ("bf16", "fp32")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,6 +167,16 @@ class Fusion:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ModelCode:
+    """Ops a deployment's model code runs beside the model's math, read from its source (defaults: none of them,
+    the graph as the model defines it)."""
+
+    router_dtype: str = text(default="bf16", choices=ROUTER_DTYPES,
+                             doc="the MoE gate GEMM's operands; fp32 casts the hidden states to fp32 first (the "
+                                 "cann-recipes DeepSeek models: an fp32 gate weight and hidden_states.to(float32))")
+
+
+@dataclass(frozen=True, kw_only=True)
 class PrefillAttention:
     """Attention kernel of a DSA (V3.2) prefill (models.md §1.4). Below index_topk keys the indexer selects every
     earlier token, so its scoring is wasted: DeepSeek's service runs short prefills in masked MHA mode, SGLang plain MHA
@@ -203,6 +214,7 @@ class Plan:
     streams: Streams = Streams()
     kernels: dict[str, KernelOptions] = field(default_factory=dict, metadata={"doc": "options per kernel name"})
     fusion: Fusion = Fusion()
+    model_code: ModelCode = ModelCode()
     prefill_chunk: int = count(default=0, minimum=0,
                                doc="chunked prefill: prompt tokens per chunk, each attending to the cached prefix "
                                    "(0 = the whole prompt at once)")
