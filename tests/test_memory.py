@@ -32,3 +32,19 @@ def test_attention_tp_splits_the_stored_weights_as_it_splits_the_ops(model, quan
     stored = weight_bytes(m, _decode(1), "decode", q) - weight_bytes(m, _decode(4), "decode", q)
     run = _ops_weights(m, _decode(1), q) - _ops_weights(m, _decode(4), q)
     assert stored == pytest.approx(run, rel=1e-3)  # the norms' few KiB apart
+
+
+@pytest.mark.parametrize("model, quant", [("deepseek-v3.2-exp", "w8a8c8"), ("deepseek-v3.1", "w8a8c8"),
+                                          ("deepseek-v3.2-exp", "w4a8c8")])
+def test_the_mtp_layer_is_stored_as_one_more_decoder_layer(model, quant):
+    """The deployments' conversions quantise the MTP layer as any decoder layer (one ignore list over every layer
+    index) and keep its eh_proj BF16: with a depth, a rank stores one more MoE layer's share of each class (the model
+    with a 62nd layer), plus eh_proj [2h, h] and three norms in BF16."""
+    q = get_quant(quant)
+    base, longer = load_model(model), load_model(model, {"num_hidden_layers": "62"})
+    plan = load_plan("v32-a3-decode-w8a8c8-mtp3")
+    flat = load_plan("v32-a3-decode-w8a8c8-mtp3", {"mtp.depth": "0", "mtp.acceptance": "0"})
+    mtp = weight_bytes(base, plan, "decode", q) - weight_bytes(base, flat, "decode", q)
+    layer = weight_bytes(longer, flat, "decode", q) - weight_bytes(base, flat, "decode", q)
+    h = base.hidden_size
+    assert mtp == pytest.approx(layer + 2 * (2 * h * h + 3 * h), rel=1e-9)

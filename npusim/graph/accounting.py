@@ -76,12 +76,17 @@ def cache_footprint(model: ModelConfig, quant: QuantScheme) -> CacheFootprint:
 
 @dataclass(frozen=True, kw_only=True)
 class ParamCount:
-    """Parameters (elements) per weight class for the main model; MTP layers counted apart, as checkpoints do."""
+    """Parameters (elements) per weight class for the main model; the MTP layers' per class apart, as checkpoints
+    count them."""
 
     by_class: dict[str, float]
     activated: float
     indexer: float
-    mtp: float
+    mtp_by_class: dict[str, float]
+
+    @property
+    def mtp(self) -> float:
+        return sum(self.mtp_by_class.values())
 
     @property
     def total(self) -> float:
@@ -188,10 +193,22 @@ def parameters(model: ModelConfig) -> ParamCount:
     by_class["lm_head"] += vocab * h
     by_class[UNQUANTISED] += h + head_mix  # final norm, hc_head
     activated += vocab * h + h + head_mix  # the LM head is a full GEMM; the embedding is a row lookup
-    mtp = 0.0
+    mtp: dict[str, float] = {}
     for extra in range(model.num_nextn_predict_layers):
         acc, _, _ = _layer(model, model.num_hidden_layers + extra)
-        eh = 2 * h * h
-        mtp += sum(acc.values()) + eh + 3 * h  # eh/e+h projections, enorm, hnorm, shared-head norm
+        for c, n in acc.items():
+            _add(mtp, c, n)
+        _add(mtp, mtp_projection_class(model), 2 * h * h)  # eh_proj (V4: e_proj and h_proj)
+        _add(mtp, UNQUANTISED, 3 * h)  # enorm, hnorm, shared-head norm
     return ParamCount(by_class={c: n for c, n in by_class.items() if n}, activated=activated, indexer=indexer,
-                      mtp=mtp)
+                      mtp_by_class=mtp)
+
+
+def mtp_projection_class(model: ModelConfig) -> str:
+    """Weight class of the MTP layer's input projection. The rest of the MTP layer is a decoder layer, quantised as
+    the others: cann-recipes-infer's conversions (@ fbc225d) apply one rule to every layer index up to
+    num_hidden_layers + num_nextn_predict_layers. V3 / V3.2 leave eh_proj BF16 (models/deepseek_r1/utils/
+    convert_model.py:112, models/deepseek_v3_2_exp/utils/convert_model.py:182: on the ignore list; the V3.2 model
+    builds it with quant_config None, modeling_deepseek.py:2608-2613); V4 quantises e_proj and h_proj at 8 bits with
+    its attention (models/deepseek_v4/utils/convert_model.py:245-246)."""
+    return "attention" if model.is_v4 else UNQUANTISED

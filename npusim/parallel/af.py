@@ -21,10 +21,9 @@ L x (a + s + f + r) per m-th of the batch. Each side's per-microbatch layer time
 every other prediction, at the microbatch's tokens (weights are read again by every microbatch).
 
 Limits: rows go straight from each attention die to their expert dies (xDeepServe's trampoline forward, a second
-hop when the sides differ in size, is not modelled); the MTP layer's shared expert is counted with the attention
-side's weights; the combine op is timed where
-the attention side runs it (the microbatch's next attention pass); expert-side load imbalance is the plan's
-`eplb.imbalance`, as co-located; no straggler or synchronisation variance between attention DP ranks.
+hop when the sides differ in size, is not modelled); the combine op is timed where the attention side runs it (the
+microbatch's next attention pass); expert-side load imbalance is the plan's `eplb.imbalance`, as co-located; no
+straggler or synchronisation variance between attention DP ranks.
 """
 
 from __future__ import annotations
@@ -165,12 +164,10 @@ def _expert_bytes(model: ModelConfig, plan: Plan, quant: QuantScheme) -> tuple[f
     pc = accounting.parameters(model)
     local = math.ceil((model.n_routed_experts + plan.eplb.redundant_experts) / inst.moe.ep)
     share = local / model.n_routed_experts / inst.moe.tp
-    per_expert = 3 * model.hidden_size * model.moe_intermediate_size
-    routed = pc.by_class.get("routed_experts", 0.0)
-    if plan.mtp.depth and pc.mtp:
-        routed += model.n_routed_experts * per_expert
+    counts = [pc.by_class] + ([pc.mtp_by_class] if plan.mtp.depth else [])
+    routed, shared = (sum(c.get(cls, 0.0) for c in counts) for cls in ("routed_experts", "shared_experts"))
     return (routed * share * quant.weights("routed_experts").bytes_per_element(),
-            pc.by_class.get("shared_experts", 0.0) * quant.weights("shared_experts").bytes_per_element())
+            shared * quant.weights("shared_experts").bytes_per_element())
 
 
 def _attention_memory(model: ModelConfig, plan: Plan, step: RankStep, quant: QuantScheme, system: System,

@@ -14,7 +14,7 @@ from npusim.parallel.shard import RankStep
 from npusim.spec import units
 from npusim.spec.chip import Chip
 from npusim.spec.model import ModelConfig
-from npusim.spec.plan import Plan
+from npusim.spec.plan import Instance, Plan
 from npusim.spec.quant import BF16, QuantScheme
 
 
@@ -65,11 +65,20 @@ def _latent_params(model: ModelConfig) -> float:
 
 
 def weight_bytes(model: ModelConfig, plan: Plan, phase: str, quant: QuantScheme) -> float:
-    """Weights one rank stores: each class divided by the degree that shards it."""
+    """Weights one rank stores: each class divided by the degree that shards it; with an MTP depth, the MTP layer's
+    too, class by class as a decoder layer's (accounting.mtp_projection_class)."""
     inst = plan.instance(phase)
     pc = accounting.parameters(model)
+    total = _stored(model, plan, inst, quant, pc.by_class, model.num_hidden_layers)
+    if plan.mtp.depth:
+        total += _stored(model, plan, inst, quant, pc.mtp_by_class, model.num_nextn_predict_layers)
+    return total / inst.pp
+
+
+def _stored(model: ModelConfig, plan: Plan, inst: Instance, quant: QuantScheme, by_class: dict[str, float],
+            layers: int) -> float:
+    """Bytes one rank stores of `layers` layers' parameters `by_class`."""
     local_experts = math.ceil((model.n_routed_experts + plan.eplb.redundant_experts) / inst.moe.ep)
-    layers = model.num_hidden_layers
     o_proj = _o_proj_params(model) * layers
     whole = _latent_params(model) * layers if accounting.mla_a_class(model) == "attention" else 0.0
     share = {
@@ -86,17 +95,13 @@ def weight_bytes(model: ModelConfig, plan: Plan, phase: str, quant: QuantScheme)
         accounting.UNQUANTISED: 1.0,
     }
     total = 0.0
-    for cls, n in pc.by_class.items():
+    for cls, n in by_class.items():
         per = BF16.bytes_per_element() if cls == accounting.UNQUANTISED else quant.weights(cls).bytes_per_element()
         if cls == "attention":
             total += per * (o_proj / inst.o_proj_group + whole + (n - o_proj - whole) / inst.attention.tp)
         else:
             total += per * n * share[cls]
-    if plan.mtp.depth and pc.mtp:
-        routed = model.n_routed_experts * 3 * model.hidden_size * model.moe_intermediate_size
-        total += (pc.mtp - routed) * quant.weights("attention").bytes_per_element()
-        total += routed * share["routed_experts"] * quant.weights("routed_experts").bytes_per_element()
-    return total / inst.pp
+    return total
 
 
 def kv_bytes(model: ModelConfig, plan: Plan, step: RankStep, quant: QuantScheme, context: int) -> float:
