@@ -42,10 +42,12 @@ DEPLOYMENT = {
     "kv_a_proj_quant": "npu_dynamic_quant, a second one of the same hidden states (separate linear, M:1011)",
     "kv_a_proj": "npu_quant_matmul",
     "kv_norm": "npu_kv_rmsnorm_rope_cache_v2 (norm, RoPE, PA_NZ cache write in one, M:1047)",
-    "rope": "npu_interleave_rope on q_pe after a transpose to NTD (M:1020-1025); npusim: no layout copies",
+    "q_pe_copy": "q_pe.transpose(1, 2) made contiguous for npu_interleave_rope (M:1020-1023)",
+    "rope": "npu_interleave_rope on q_pe in [1, N, T, 64] (M:1023-1025)",
     "kv_cache_update": "inside npu_kv_rmsnorm_rope_cache_v2",
-    "kv_b_proj": "two BF16 torch.matmul with the split kv_b weights (M:1061-1062), then k_rope.repeat over 128 heads "
-                 "(M:1065; not in npusim)",
+    "kv_b_proj": "two BF16 torch.matmul with the split kv_b weights (M:1061-1062)",
+    "k_rope_repeat": "k_rope.repeat over the 128 heads, NTD key_rope (M:1065)",
+    "q_nope_copy": "q_nope permuted to NTD and made contiguous for FIA's query (M:1069)",
     "attention": "npu_fused_infer_attention_score NTD_TND, sparse_mode 3 (M:1068)",
     "o_proj_quant": "npu_dynamic_quant",
     "o_proj": "npu_quant_matmul",
@@ -139,8 +141,8 @@ def main() -> None:
         "deployment", "",
         ops.round(1).to_markdown(index=False), "",
         "Not in npusim yet (each sourced above): "
-        "the NTD layout copies of q and the 128-head repeat of k_rope, the count and scale all-to-alls with the "
-        f"host sync before the dispatch. Their bandwidth cost is ~0.9 ms a layer (estimate: the bytes above at HBM rate) "
+        "the count and scale all-to-alls with the "
+        f"host sync before the dispatch. Their cost is ~0.8 ms a layer (estimate: HCCL all-to-alls at the bulk rate) "
         f"against the {short:.1f} ms a layer the pair implies; the rest would be kernel efficiency of the CANN "
         "grouped / quant matmuls and FIA, for which no A3 measurement at these shapes is in kernels.md (efficiency.cube is fitted on pto-isa FP16 GEMMs, K20/K21).", "",
         "## A17: one DSA MoE layer of the 128K prefill, CP64 and CP128", "",

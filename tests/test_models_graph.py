@@ -244,6 +244,25 @@ def test_an_fp32_router_casts_the_hidden_states_and_runs_the_gate_in_fp32(m):
         assert "moe_gate_cast" not in [o.name for o in plain.ops] and plain.op("moe_gate").dtypes["a"] == "bf16"
 
 
+def test_ntd_copies_make_q_contiguous_and_repeat_k_rope_over_the_heads(m):
+    """model_code.ntd_copies (cann-recipes' R1 prefill): q_pe copied contiguous before RoPE, q_nope before attention,
+    k_rope repeated once per head for every key; an absorbed-MLA decode and the default MHA prefill have none."""
+    v31 = m["deepseek-v3.1"]
+    nh, t = v31.num_attention_heads, 8192
+    g = build_graph(v31, "prefill", 2, 4096, quant="w8a8", code=ModelCode(ntd_copies=True)).layer("mla-moe")
+    names = [o.name for o in g.ops]
+    assert names.index("q_pe_copy") + 1 == names.index("rope")
+    assert names.index("kv_b_proj") < names.index("k_rope_repeat") < names.index("q_nope_copy") == \
+        names.index("attention") - 1
+    assert g.op("q_pe_copy").bytes_read == g.op("q_pe_copy").bytes_written == 2 * t * nh * v31.qk_rope_head_dim
+    assert g.op("q_nope_copy").shape == {"rows": t, "cols": nh * v31.qk_nope_head_dim}
+    rep = g.op("k_rope_repeat")
+    assert rep.shape == {"rows": t, "cols": v31.qk_rope_head_dim, "repeat": nh} and rep.bytes_written == nh * rep.bytes_read
+    for g in (build_graph(v31, "decode", 8, 4096, quant="w8a8", code=ModelCode(ntd_copies=True)),
+              build_graph(v31, "prefill", 2, 4096, quant="w8a8")):
+        assert not {"q_pe_copy", "q_nope_copy", "k_rope_repeat"} & {o.name for o in g.layer("mla-moe").ops}
+
+
 # ------------------------------------------------------------------------------------------ DeepSeek-V4
 
 

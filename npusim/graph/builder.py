@@ -96,6 +96,8 @@ class _Layers:
                cache_store("kv_cache_update", t, kvl + rope_d, self.kv_row, self.quant.kv_cache)]
         if m.has_indexer:
             ops += self.dsa_indexer(select=not mha)
+        if mha and self.code.ntd_copies:
+            ops.insert(ops.index(next(o for o in ops if o.name == "rope")), self.ntd_copy("q_pe_copy", rope_d))
         if mha:
             ops += self.mha_prefill()
         else:
@@ -182,9 +184,20 @@ class _Layers:
                       cache_store("kv_cache_update", t, 2 * kvh * hd, self.kv_row, self.quant.kv_cache), attn,
                       self.linear("o_proj", nh * hd, h, "attention")]
 
+    def ntd_copy(self, name: str, dim: int) -> Op:
+        """A contiguous copy of the `dim` columns of every head of q_b_proj's output (a strided view). The R1 prefill
+        (cann-recipes-infer models/deepseek_r1/models/modeling_deepseek.py @ fbc225d) hands interleave_rope q_pe
+        transposed to [1, N, T, 64] (:1020-1023) and flash attention q_nope permuted to NTD (:1069), and neither takes
+        a non-contiguous tensor (op-plugin docs/zh/custom_APIs/torch_npu/torch_npu-npu_interleave_rope.md and
+        torch_npu-npu_fused_infer_attention_score.md: x / query "不支持非连续"); the roped q_pe comes back
+        contiguous in NTD (:1025, :1070)."""
+        nh = self.m.num_attention_heads
+        return copy(name, self.t, nh * dim, BF16.dtype, BF16.dtype)
+
     def mha_prefill(self) -> list[Op]:
         """Dense prefill in MHA mode: up-project the latents of every key the step sees (a cached prefix's too) with
-        kv_b, then causal flash attention."""
+        kv_b, then causal flash attention. With the model code's NTD copies, k_rope repeated over the heads
+        (modeling_deepseek.py:1065, Tensor.repeat: NTD key_rope for NTD_TND attention) and q_nope's copy."""
         m, q, t = self.m, self.q, self.t
         nh, nope, v, rope_d = m.num_attention_heads, m.qk_nope_head_dim, m.v_head_dim, m.qk_rope_head_dim
         d_qk = nope + rope_d
@@ -195,7 +208,9 @@ class _Layers:
                   dtypes={"q": BF16.dtype, "kv": BF16.dtype, "out": BF16.dtype}, flops=2.0 * pairs * nh * (d_qk + v),
                   bytes_read=BF16.bytes_for(t * nh * d_qk + keys * nh * (d_qk + v)),
                   bytes_written=BF16.bytes_for(t * nh * v))
-        return [self.linear("kv_b_proj", m.kv_lora_rank, nh * (nope + v), "kv_b", m=keys), attn]
+        copies = [copy("k_rope_repeat", keys, rope_d, BF16.dtype, BF16.dtype, repeat=nh),
+                  self.ntd_copy("q_nope_copy", nope)] if self.code.ntd_copies else []
+        return [self.linear("kv_b_proj", m.kv_lora_rank, nh * (nope + v), "kv_b", m=keys), *copies, attn]
 
     # ------------------------------------------------------------------ FFN (both families)
     def ffn(self, layer: int) -> list[Op]:

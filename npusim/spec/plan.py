@@ -174,6 +174,10 @@ class ModelCode:
     router_dtype: str = text(default="bf16", choices=ROUTER_DTYPES,
                              doc="the MoE gate GEMM's operands; fp32 casts the hidden states to fp32 first (the "
                                  "cann-recipes DeepSeek models: an fp32 gate weight and hidden_states.to(float32))")
+    ntd_copies: bool = flag(default=False,
+                            doc="MHA-mode prefill: the copies that make q_pe contiguous for interleave_rope and "
+                                "q_nope contiguous in NTD for flash attention, and k_rope repeated over the heads "
+                                "(the cann-recipes R1 prefill's NTD_TND attention)")
 
 
 @dataclass(frozen=True, kw_only=True)
