@@ -65,8 +65,10 @@ DEPLOYMENT = {
     "shared_swiglu": "npu_dequant_swiglu_quant of the int32 (M:223-228)",
     "shared_down": "npu_quant_matmul",
     "moe_combine": "npu_moe_finalize_routing, the shared expert added (M:565)",
-    "moe_dispatch": "all_to_all_single of the counts, D2H sync (.cpu().tolist(), M:662), all_to_all_single of the INT8 "
-                    "rows and of their scales (M:655-679); npusim: the rows only",
+    "moe_count_all_to_all": "all_to_all_single of the tokens-per-expert counts (M:655)",
+    "moe_dispatch": "all_to_all_single of the INT8 rows (M:672), after the D2H sync of the splits (.cpu().tolist(), "
+                    "M:662; not in npusim)",
+    "moe_scale_all_to_all": "all_to_all_single of the rows' per-token scales (M:677-679)",
     "moe_combine_all_to_all": "all_to_all_single of the BF16 rows (M:559)",
 }
 
@@ -140,10 +142,9 @@ def main() -> None:
         f"## A15: one MoE layer of the one-stream run ({step:.1f} ms of ops, communication included) against the "
         "deployment", "",
         ops.round(1).to_markdown(index=False), "",
-        "Not in npusim yet (each sourced above): "
-        "the count and scale all-to-alls with the "
-        f"host sync before the dispatch. Their cost is ~0.8 ms a layer (estimate: HCCL all-to-alls at the bulk rate) "
-        f"against the {short:.1f} ms a layer the pair implies; the rest would be kernel efficiency of the CANN "
+        "Not in npusim yet (sourced above): the host sync before the dispatch (no measured D2H latency in the "
+        f"references) and the argsort of the un-sort's indices, against the {short:.1f} ms a layer the pair still "
+        "implies; the rest would be kernel efficiency of the CANN "
         "grouped / quant matmuls and FIA, for which no A3 measurement at these shapes is in kernels.md (efficiency.cube is fitted on pto-isa FP16 GEMMs, K20/K21).", "",
         "## A17: one DSA MoE layer of the 128K prefill, CP64 and CP128", "",
         a17.round(1).to_markdown(index=False), "",

@@ -8,7 +8,9 @@ import pytest
 
 from npusim.errors import NpusimError
 from npusim.parallel.collectives import Collective, collective_time
+from npusim.engine.streams import Task
 from npusim.parallel.shard import shard
+from npusim.parallel.step import _interleave
 from npusim.spec.model import load_model
 from npusim.spec.plan import load_plan
 from npusim.spec.quant import get_quant
@@ -42,6 +44,37 @@ def test_double_routing_passes_are_in_the_prefill_graph_around_the_all_to_alls()
     assert (rerouting.bytes_read, rerouting.bytes_written) == (pytest.approx(int8), pytest.approx(int8))
     assert (unsort.bytes_read, unsort.bytes_written) == (2 * rows * h, 2 * rows * h)
     assert all(c.collective.bulk for c in layer.comms if c.name.startswith("moe_"))
+
+
+def test_split_exchanges_send_the_counts_before_the_rows_and_the_scales_after():
+    """cann-recipes' dispatch_double_routing: an all_to_all_single of the int32 tokens-per-expert (their splits), the
+    INT8 rows, then their fp32 scales, all between init_routing and re_routing and all bulk HCCL all-to-alls; a BF16
+    dispatch has no scales, a plan without model_code.split_exchanges neither exchange."""
+    layer = _moe_layer(A15)
+    exchanges = [c for c in layer.comms if c.after == "moe_init_routing"]
+    assert [c.name for c in exchanges] == ["moe_count_all_to_all", "moe_dispatch", "moe_scale_all_to_all"]
+    assert all(c.before == "moe_re_routing" and c.collective.bulk and c.collective.group == 32 for c in exchanges)
+    counts, rows, scales = (c.collective.bytes for c in exchanges)
+    assert counts == 4 * R1.n_routed_experts and scales == 4 * 8192 * 8
+    assert rows == pytest.approx(W8A8.activation.bytes_for(8192 * 8 * 7168), rel=0.02)
+    bf16 = shard(R1, A15, "prefill", batch=64, length=4096, quant=get_quant("bf16"))
+    names = {c.name for lg in bf16.layers for c in lg.comms}
+    assert "moe_count_all_to_all" in names and "moe_scale_all_to_all" not in names
+    plain = load_plan("r1-a3-prefill-a15", {"model_code.split_exchanges": "false"})
+    assert not {"moe_count_all_to_all", "moe_scale_all_to_all"} & {c.name for c in _moe_layer(plain).comms}
+
+
+def test_back_to_back_exchanges_are_one_boundary_of_the_two_microbatch_order():
+    """The counts, rows and scales of one dispatch call go out together: in the two-microbatch order mb0's three
+    exchanges precede mb1's on the comm stream (were they three boundaries, mb0's rows would queue behind mb1's
+    counts, which wait for mb1's attention), and mb1's attention runs before mb0's experts."""
+    def task(m, n):
+        comm = n.startswith("x_")
+        return Task(f"mb{m}.{n}", "comm" if comm else "compute", 1.0, category="comm" if comm else "compute")
+    tasks = [task(m, n) for m in (0, 1) for n in ("attn", "x_count", "x_rows", "x_scales", "experts", "x_combine")]
+    order = [t.name for t in _interleave(tasks, 2)]
+    assert order.index("mb0.x_scales") < order.index("mb1.x_count")
+    assert order.index("mb0.x_count") < order.index("mb1.attn") < order.index("mb0.experts")
 
 
 def test_decode_and_a_lone_die_route_without_the_bulk_passes():

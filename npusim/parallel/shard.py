@@ -33,7 +33,7 @@ from npusim.graph.builder import build_graph
 from npusim.graph.ops import ModelGraph, Op
 from npusim.parallel.collectives import Collective
 from npusim.spec.model import ModelConfig
-from npusim.spec.plan import Instance, Plan
+from npusim.spec.plan import Instance, ModelCode, Plan
 from npusim.spec.quant import QuantScheme
 
 ROUTED = ("experts_gate_up", "experts_swiglu", "experts_down", "moe_re_routing", "moe_unsort")
@@ -156,7 +156,7 @@ def _act_bytes(quant: QuantScheme) -> float:
 
 
 def _comms(name: str, ops: tuple[Op, ...], inst: Instance, model: ModelConfig, quant: QuantScheme, tokens: float,
-           seq_tokens: float, phase: str) -> list[Comm]:
+           seq_tokens: float, phase: str, code: ModelCode = ModelCode()) -> list[Comm]:
     """Collectives of one layer type (its sharded `ops`) for a rank handling `tokens` new attention-side tokens."""
     h = model.hidden_size
     a = inst.attention
@@ -198,9 +198,16 @@ def _comms(name: str, ops: tuple[Op, ...], inst: Instance, model: ModelConfig, q
     if "experts_gate_up" in names and inst.moe.ep * inst.moe.tp > 1:
         k, sent = model.num_experts_per_tok, die * inst.moe.tp  # every die of an expert's MoE-TP group gets its rows
         bulk = "moe_re_routing" in names  # a prefill's double routing: the rows are permuted around the all-to-all
-        add("moe_dispatch", "all_to_all", sent * k * h * _act_bytes(quant), inst.moe.ep * inst.moe.tp,
+        g = inst.moe.ep * inst.moe.tp
+        if bulk and code.split_exchanges:  # the int32 tokens-per-expert counts, all_to_all_single'd before the rows
+            # (cann-recipes-infer models/deepseek_r1/models/modeling_deepseek.py:652-655 @ fbc225d)
+            add("moe_count_all_to_all", "all_to_all", model.n_routed_experts * 4.0, g, "moe_init_routing",
+                "moe_re_routing", bulk)
+        add("moe_dispatch", "all_to_all", sent * k * h * _act_bytes(quant), g,
             "moe_init_routing" if bulk else "moe_gate", "moe_re_routing" if bulk else "experts_gate_up", bulk)
-        add("moe_combine_all_to_all", "all_to_all", sent * k * h * 2, inst.moe.ep * inst.moe.tp,
+        if bulk and code.split_exchanges and quant.activation.quantised:  # the INT8 rows' fp32 scales (:674-679)
+            add("moe_scale_all_to_all", "all_to_all", sent * k * 4.0, g, "moe_init_routing", "moe_re_routing", bulk)
+        add("moe_combine_all_to_all", "all_to_all", sent * k * h * 2, g,
             "moe_unsort" if bulk else "experts_down", "moe_combine", bulk)
     if "gate_up_proj" in names and inst.dense_tp > 1:
         d = inst.dense_tp
@@ -258,7 +265,7 @@ def shard(model: ModelConfig, plan: Plan, phase: str, *, batch: int, length: int
     dropped = _unrouted(inst, tokens / a.tp)
     for lg in graph.layers:
         ops = tuple(shard_op(op, inst, model, plan, token_scale) for op in lg.ops if op.name not in dropped)
-        comms = tuple(_comms(lg.name, ops, inst, model, quant, tokens, seq_tokens, phase))
+        comms = tuple(_comms(lg.name, ops, inst, model, quant, tokens, seq_tokens, phase, plan.model_code))
         layers.append(RankLayer(lg.name, ops, comms, lg.repeat, _offload_bytes(ops, plan, model, quant, phase)))
     return RankStep(phase=phase, instance=inst, sequences=per_replica * token_scale, tokens=math.ceil(tokens),
                     layers=tuple(layers), graph=graph)

@@ -393,16 +393,19 @@ def _interleave(tasks: list[Task], micro: int, partitioned: bool = False) -> lis
 
 
 def _segment(task: Task, tasks: list[Task]) -> int:
-    """Index of the compute segment (ops between collectives) a task belongs to, counted within its microbatch."""
+    """Index of the compute segment (ops between collectives) a task belongs to, counted within its microbatch.
+    Collectives issued back to back (the double routing's counts, rows and scales: one dispatch call) are one
+    boundary, so a microbatch's exchanges stay together on the comm stream ahead of the other's."""
     tag = task.name.split(".", 1)[0]
-    seg = 0
+    seg, after_comm = 0, False
     for t in tasks:
         if not t.name.startswith(tag + "."):
             continue
+        if after_comm and t.category != "comm":
+            seg += 1
+        after_comm = t.category == "comm"
         if t is task:
             return seg
-        if t.category == "comm":
-            seg += 1
     return seg
 
 

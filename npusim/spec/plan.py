@@ -178,6 +178,10 @@ class ModelCode:
                             doc="MHA-mode prefill: the copies that make q_pe contiguous for interleave_rope and "
                                 "q_nope contiguous in NTD for flash attention, and k_rope repeated over the heads "
                                 "(the cann-recipes R1 prefill's NTD_TND attention)")
+    split_exchanges: bool = flag(default=False,
+                                 doc="a prefill's bulk MoE all-to-all as torch all_to_all_single calls: the "
+                                     "tokens-per-expert counts exchanged first (the rows' splits), and the INT8 "
+                                     "rows' scales in an all-to-all of their own (the cann-recipes R1 double routing)")
 
 
 @dataclass(frozen=True, kw_only=True)
