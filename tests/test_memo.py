@@ -14,6 +14,7 @@ from npusim.errors import NpusimError
 from npusim.graph.ops import Op
 from npusim.kernels.catalog import kernel
 from npusim.parallel import optime, step
+from npusim.spec import catalog
 from npusim.spec.chip import load_chip
 from npusim.spec.reads import ReadsMemo, resolve
 from npusim.spec.system import load_system
@@ -141,6 +142,20 @@ def test_spec_memo_sees_a_rewritten_file(bad_chip):
     first = load_chip(path)
     bad_chip("inherits: 910c-die\nclock: {value: 1.6 GHz, source: test}\n")
     assert load_chip(path).clock == 1.6e9 != first.clock
+
+
+def test_pinned_files_are_read_once_until_unpinned(bad_chip):
+    """A sweep pins its spec files (catalog.pin_files): a file rewritten while pinned is not re-read, as the sweep's
+    point cache takes one fingerprint of the files; unpinned, the rewrite is seen."""
+    path = bad_chip("inherits: 910c-die\nclock: {value: 1.5 GHz, source: test}\n")
+    catalog.pin_files()
+    try:
+        first = load_chip(path)
+        bad_chip("inherits: 910c-die\nclock: {value: 1.6 GHz, source: test}\n")
+        assert load_chip(path) is first
+    finally:
+        catalog.pin_files(False)
+    assert load_chip(path).clock == 1.6e9
 
 
 def test_layer_memo_hits_where_a_layer_does_not_look_and_misses_where_it_does(no_disk_cache):

@@ -29,6 +29,7 @@ from npusim import api
 from npusim.errors import NpusimError
 from npusim.progress import progress as progress_bar
 from npusim.results.cost import CostParams, cost
+from npusim.spec import catalog
 from npusim.spec.catalog import data_root
 from npusim.spec.system import load_system
 from npusim.sweeps.spec import Point, SweepSpec
@@ -83,7 +84,6 @@ def forget() -> None:
     the next point runs cold, as in a fresh process (benchmarks, and the tests that compare with unmemoised runs)."""
     from npusim.engine.result import clear_memo
     from npusim.parallel import optime, step
-    from npusim.spec import catalog
     catalog.clear_loaded()
     optime.clear_memos()
     clear_memo()
@@ -128,13 +128,16 @@ def chunksize(points: int, workers: int) -> int:
 
 @contextmanager
 def collecting():
-    """Automatic garbage collection off while a run of points is evaluated (see the module); at the end the frozen
-    objects are handed back to the collector and its state restored."""
+    """While a run of points is evaluated: automatic garbage collection off (see the module) and the spec files
+    pinned (read once, catalog.pin_files); at the end the frozen objects are handed back to the collector and its
+    state restored."""
     enabled = gc.isenabled()
     gc.disable()
+    catalog.pin_files()
     try:
         yield
     finally:
+        catalog.pin_files(False)
         gc.unfreeze()
         if enabled:
             gc.enable()
@@ -156,7 +159,9 @@ def evaluate_run(points: list[Point]) -> list[dict]:
 
 
 def _worker_start() -> None:
-    gc.disable()  # a pool worker only evaluates points: evaluate_collected collects after each
+    """A pool worker only evaluates points: evaluate_collected collects after each, and the files stay pinned."""
+    gc.disable()
+    catalog.pin_files()
 
 
 def _local(todo: list[Point], workers: int):
