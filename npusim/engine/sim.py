@@ -359,13 +359,17 @@ class Simulation:
         for core, prog in zip(cores, programs):
             if prog.core not in CORE_PIPES:
                 raise NpusimError(f"{self.trace.kernel}: program on unknown core kind '{prog.core}' (aic or aiv)")
-            compiled: dict[int, Op] = {}
+            compiled: dict[tuple, Op] = {}
 
             def op_of(ins: Instr) -> Op:
-                if id(ins) not in compiled:
+                # by what _compile reads: a tiling writes a few dozen distinct instructions as many objects
+                key = (ins.pipe, ins.op, ins.bytes, ins.flops, ins.dtype, ins.src, ins.dst, ins.wait, ins.set, ins.hit,
+                       ins.issues)
+                op = compiled.get(key)
+                if op is None:
                     sets = tuple((flags[n], sync if waiters[n] - {core} else 0.0) for n in ins.set)
-                    compiled[id(ins)] = self._compile(ins, prog.core, tuple(flags[n] for n in ins.wait), sets)
-                return compiled[id(ins)]
+                    op = compiled[key] = self._compile(ins, prog.core, tuple(flags[n] for n in ins.wait), sets)
+                return op
 
             unbarred = not any(ins.op == "sync_all" for ins in _instrs(prog.body))
             for pipe in CORE_PIPES[prog.core]:
