@@ -81,6 +81,10 @@ def test_weight_bytes_per_preset(models):
     w8, w4 = p.weight_bytes(get_quant("w8a8")), p.weight_bytes(get_quant("w4a8"))
     assert 0.50 < w4 / w8 < 0.54
     assert p.weight_bytes(get_quant("w8a8c8")) == w8  # C8 changes caches only
+    # msModelSlim's W8A8 quantises q_a / kv_a (1 B instead of 2) and keeps the indexer's wq_b BF16 (2 B instead of 1)
+    ms = get_quant("w8a8-modelslim")
+    assert (ms.mla_a.dtype, ms.indexer.dtype, ms.indexer_k.dtype, ms.kv_b.dtype) == ("int8", "bf16", "bf16", "bf16")
+    assert w8 - p.weight_bytes(ms) == pytest.approx(p.by_class["mla_a"] - p.by_class["indexer"], rel=1e-12)
     flash = parameters(models["deepseek-v4-flash"])
     # MXFP4 experts (0.53 B/weight incl. e8m0 scales) vs FP8: V4-Flash ~ 156 GB vs ~ 285 GB
     assert flash.weight_bytes(get_quant("mxfp8-mxfp4")) == pytest.approx(156e9, rel=0.02)

@@ -273,7 +273,7 @@ def _quant_sglang(ctx: _Context) -> Args:
     q = ctx.quant.name
     if q == "bf16":
         return [("--dtype", "bfloat16")]
-    if q in ("w8a8", "w4a8", "w8a8c8", "w4a8c8"):
+    if q in ("w8a8", "w8a8-modelslim", "w4a8", "w8a8c8", "w4a8c8"):
         if q.endswith("c8"):
             ctx.note(f"quant {q}: SGLang documents no INT8 KV / indexer cache on Ascend (--kv-cache-dtype has FP8 "
                      "and FP4 only); the caches stay BF16")
@@ -357,7 +357,7 @@ def _vllm_role(ctx: _Context, role: str, inst: Instance) -> tuple[Args, dict]:
         tokens = lim.max_batch * (1 + drafts) if role == "decode" else max(lim.prefill_tokens, lim.max_batch)
     args += [("--max-num-seqs", str(seqs)), ("--max-num-batched-tokens", str(tokens)),
              ("--max-model-len", str(lim.context_length))]
-    if q in ("w8a8", "w4a8", "w8a8c8", "w4a8c8"):
+    if q in ("w8a8", "w8a8-modelslim", "w4a8", "w8a8c8", "w4a8c8"):
         args.append(("--quantization", "ascend"))
     elif q != "bf16":
         ctx.note(f"quant {q}: vLLM-Ascend documents no {q} checkpoint (msModelSlim W8A8 / W4A8: --quantization ascend)")

@@ -42,8 +42,8 @@ INT8_CHANNEL = Storage(dtype="int8")  # per-output-channel scales: one per row o
 INT4_GROUP = Storage(dtype="int4", scale_bytes=2.0, block=256)  # GUESS: W4A8 group 256, fp16 scale
 FP8_BLOCK = Storage(dtype="fp8", scale_bytes=4.0, block=128 * 128)  # DeepSeek checkpoint: e4m3, fp32 per 128x128
 FP8_TOKEN = Storage(dtype="fp8", scale_bytes=4.0, block=128)  # activations and caches: one fp32 scale per 128
-INT8_TOKEN = Storage(dtype="int8", scale_bytes=4.0, block=128)  # Ascend C8 latent cache, GUESS: fp32 per tile 128
-INT8_HEAD = Storage(dtype="int8", scale_bytes=2.0, block=128)  # Ascend C8 indexer cache: fp16 per token-head
+INT8_TOKEN = Storage(dtype="int8", scale_bytes=4.0, block=128)  # Ascend C8 latent cache: fp32 per 128 (C8_CACHES)
+INT8_HEAD = Storage(dtype="int8", scale_bytes=2.0, block=128)  # Ascend C8 indexer cache: fp16 per key (C8_CACHES)
 MXFP8 = Storage(dtype="mxfp8", scale_bytes=1.0, block=32)  # OCP MX: e8m0 per 32
 MXFP4 = Storage(dtype="mxfp4", scale_bytes=1.0, block=32)
 FP8_KV_V4 = Storage(dtype="fp8", scale_bytes=1.0, block=64)  # GUESS: V4 QAT simulates fp8 nope, block 64, ue8m0
@@ -59,6 +59,17 @@ WEIGHT_CLASSES = ("attention", "kv_b", "mla_a", "indexer", "indexer_k", "routed_
 # generate_ignore_item, deepseek_r1/utils/convert_model.py:102-115, lists kv_b_proj only), so a V3 model's q_a / kv_a
 # stay in the class 'attention' (graph.accounting.mla_a_class).
 ASCEND_INT8_KEEPS_BF16 = ("kv_b", "mla_a", "indexer_k")
+# msModelSlim's V3.2 W8A8 (the checkpoint vLLM-Ascend's tutorial and SGLang's Ascend tests load, modelscope
+# vllm-ascend/DeepSeek-V3.2-Exp-W8A8) draws the line elsewhere: its recipe (Ascend/msmodelslim lab_practice/
+# deepseek_v3_2/deepseek_w8a8.yaml) quantises every *self_attn* linear, q_a_proj and kv_a_proj_with_mqa included, but
+# kv_b_proj and the indexer's wq_b, wk and weights_proj, and every *mlp* linear but the gate. Limit: the recipe's
+# attention activations are static per-tensor INT8; the preset keeps W8A8's per-token activation format.
+MODELSLIM_KEEPS_BF16 = ("kv_b", "indexer", "indexer_k")
+# C8_CACHES: cann-recipes-infer @ fbc225d, models/deepseek_v3_2_exp/models/modeling_deepseek.py:911-972. The latent
+# cache row is one int8 tensor of kv_lora_rank + 2 x qk_rope_head_dim + 4 x 4 bytes (:913): 512 int8 values, the 64
+# RoPE values in BF16 and four fp32 scales, one per 128 (656 B, FlashMLA's size). The indexer key cache is int8 of
+# index_head_dim (:934-943) beside a float16 scale cache of one value per key (:963-972), the key's
+# npu_dynamic_quant scale (models/deepseek_v3_2_exp/models/indexer.py:343-344): 130 B per key.
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,11 +105,14 @@ class QuantScheme:
 
 
 def _scheme(name: str, description: str, *, linear: Storage, activation: Storage, kv: Storage, index: Storage,
-            experts: Storage | None = None) -> QuantScheme:
-    kept = {c: BF16 if linear.dtype == "int8" else linear for c in ASCEND_INT8_KEEPS_BF16}
-    return QuantScheme(name=name, description=description, attention=linear, indexer=linear, **kept,
-                       routed_experts=experts or linear, shared_experts=linear, dense_ffn=linear,
-                       activation=activation, kv_cache=kv, indexer_cache=index)
+            experts: Storage | None = None, keeps: tuple[str, ...] = ASCEND_INT8_KEEPS_BF16) -> QuantScheme:
+    """A preset: every linear in `linear` (the routed experts in `experts`), but the classes an INT8 checkpoint
+    `keeps` in BF16."""
+    classes = {c: linear for c in WEIGHT_CLASSES if c not in ("lm_head", "embedding")}
+    classes |= {c: BF16 for c in keeps if linear.dtype == "int8"}
+    classes["routed_experts"] = experts or linear
+    return QuantScheme(name=name, description=description, **classes, activation=activation, kv_cache=kv,
+                       indexer_cache=index)
 
 
 PRESETS: dict[str, QuantScheme] = {
@@ -108,6 +122,9 @@ PRESETS: dict[str, QuantScheme] = {
         _scheme("w8a8", "INT8 linears (per-channel; MLA's kv_b, V3.2's q_a / kv_a / indexer wk BF16), INT8 "
                         "per-token activations; caches BF16",
                 linear=INT8_CHANNEL, activation=INT8_TOKEN, kv=BF16, index=BF16),
+        _scheme("w8a8-modelslim", "msModelSlim's W8A8 checkpoint (vLLM-Ascend, SGLang): INT8 linears with V3.2's "
+                                  "q_a / kv_a INT8, MLA's kv_b and the indexer's wq_b / wk BF16; caches BF16",
+                linear=INT8_CHANNEL, activation=INT8_TOKEN, kv=BF16, index=BF16, keeps=MODELSLIM_KEEPS_BF16),
         _scheme("w8a8c8", "W8A8 plus INT8 latent KV cache and INT8 indexer cache (Ascend C8)",
                 linear=INT8_CHANNEL, activation=INT8_TOKEN, kv=INT8_TOKEN, index=INT8_HEAD),
         _scheme("w4a8", "W8A8 with INT4 routed experts; caches BF16",
