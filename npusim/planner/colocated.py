@@ -11,9 +11,10 @@ tokens per second per chip at the SLO.
 Candidates are the decode layouts of the disaggregated frontier (the layouts that decode best), co-located on
 their own ranks and grown to the deployment's whole chip count, prefilling in chunks of `chunk` tokens per step:
 SGLang's default `--chunked-prefill-size` on Ascend, which it sets from the NPU's memory (`sglang_chunk`). A
-co-located TPOT cannot beat the same decode alone (prefills only add to a step), so each layout starts at the batch its decode met TPOT with and serves fewer users until the served TTFT
-and TPOT meet the SLO: half as many, or at once the concurrency the run's completed request rate sustains when a
-queue built up (Little's law), then bisects twice between the users met and the fewest missed.
+co-located TPOT cannot beat the same decode alone (prefills only add to a step), so each layout starts at the batch
+its decode met TPOT with and serves fewer users until the served TTFT and TPOT meet the SLO: half as many, or at
+once the concurrency the run's completed request rate sustains when a queue built up (Little's law), then bisects
+twice between the users met and the fewest missed.
 The one-request figures bound the served ones (prompts only add to a decode step, and a prompt served waits for, then
 shares, steps with the decodes): one prompt prefilled alone on the idle instance (predict, in the same chunks) is
 predicted first, and a layout whose prompt alone misses the TTFT limit is not served at all (a 128K prompt on one DP

@@ -13,9 +13,10 @@ routed to on arrival (the serving simulation sends a request to the rank with th
 router picks a prefill and a decode worker per request), so a request waits when every server is busy (Erlang C:
 C(c, a) for c servers offered a = lambda x hold erlangs, Poisson arrivals; Halfin-Whitt's approximation above 1024
 servers, which overstates the tail there: conservative) for the one in service at its server: the rest of an
-equal hold, uniform. Each further request queued ahead (again all busy) adds a whole hold: P(wait > t) = C^(1 + floor(t / hold)) (1 - frac(t / hold)). This is not the
-central queue of M/D/c, where the first server free takes the next request and p99 waits are several times shorter:
-binding at arrival is what the served deployment does. The percentile's tail (1 % at p99) is split evenly between
+equal hold, uniform. Each further request queued ahead (again all busy) adds a whole hold:
+P(wait > t) = C^(1 + floor(t / hold)) (1 - frac(t / hold)). This is not the central queue of M/D/c, where the first
+server free takes the next request and p99 waits are several times shorter: binding at arrival is what the served
+deployment does. The percentile's tail (1 % at p99) is split evenly between
 the two waits; the prefill wait must fit the headroom the prompt leaves under the TTFT limit, and a decode slot,
 held for seconds, must be free (its wait is not counted against the headroom). `mean`: the prefill wait's mean
 within the headroom, a decode slot free for half the requests.
@@ -120,7 +121,16 @@ def size_pools(output: int, prefill_step: float, prefill_ranks: int, headroom: f
         for n_pre in {min(enough, room), max(1, min(enough, room) - 1)}:
             carried = min(need, caps[n_pre - 1])
             ranks = n_pre * prefill_ranks + n_dec * decode_ranks
-            key = (carried / ranks, -ranks) if rate is None else (carried >= rate, -ranks if carried >= rate else carried)
+            key = _preference(carried, ranks, rate)
             if carried > 0 and (best_key is None or key > best_key):
                 best, best_key = Pools(n_pre, n_dec, carried if rate is None else min(carried, rate), rate), key
     return best
+
+
+def _preference(carried: float, ranks: int, rate: float | None) -> tuple:
+    """How size_pools ranks pools (the larger the better): without a rate, by requests/s per rank, then fewer ranks;
+    with one, those that carry it before those that do not, then fewer ranks among the former (the cheapest that
+    meet the load) and more requests/s among the latter (the closest miss)."""
+    if rate is None:
+        return carried / ranks, -ranks
+    return (carried >= rate, -ranks if carried >= rate else carried)

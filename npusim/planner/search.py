@@ -581,9 +581,9 @@ def write_plan(result: SearchResult, path: str | Path) -> Path:
     v = result.confirmed
     if v is not None and not v.error:
         pct = v.traffic.percentile
-        description += (f"; {c.pools.describe()} served under {v.traffic.describe()}: TTFT {pct} {v.ttft * 1e3:.0f} ms, "
-                        f"TPOT {pct} {v.tpot * 1e3:.1f} ms, {v.tokens_per_s_per_chip:.1f} tok/s per chip (planned "
-                        f"{c.served_tokens_per_s_per_chip:.1f})")
+        description += (f"; {c.pools.describe()} served under {v.traffic.describe()}: TTFT {pct} "
+                        f"{v.ttft * 1e3:.0f} ms, TPOT {pct} {v.tpot * 1e3:.1f} ms, {v.tokens_per_s_per_chip:.1f} tok/s "
+                        f"per chip (planned {c.served_tokens_per_s_per_chip:.1f})")
     doc = candidate_plan(c, description)
     path = Path(path)
     header = "# Written by npusim plan. Reproduce its prediction (and confirm it under the load) with:\n" + \

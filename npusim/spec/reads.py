@@ -57,8 +57,9 @@ def view(target: Any, path: str = "", log: dict | None = None) -> Reads:
     cls = type(target)
     kind = _VIEW_TYPES.get(cls)
     if kind is None:
-        kind = type(f"Reads[{cls.__name__}]", (Reads,), {"__slots__": (), "__dataclass_fields__": cls.__dataclass_fields__,
-                                                          "__class__": property(lambda self: cls)})
+        namespace = {"__slots__": (), "__dataclass_fields__": cls.__dataclass_fields__,
+                     "__class__": property(lambda self: cls)}
+        kind = type(f"Reads[{cls.__name__}]", (Reads,), namespace)
         _VIEW_TYPES[cls] = kind
     return kind(target, path, log)
 
