@@ -53,7 +53,7 @@ def test_single_core_split_k_adds_slice_partials_into_the_workspace(k):
     (9, 9, 64, 16, True, "bf16", "910b2", {}),
     (16, 1100, 32, 100, True, "bf16", "910b2", {}),
     (3, 2000, 64, 2048, True, "bf16", "910b2", {}),
-    (1, 5000, 64, 300, False, "bf16", "910b2", {}),  # decode: key ranges over the cores, merged after SyncAll
+    (1, 5000, 64, 300, False, "bf16", "910b2", {}),  # decode: SplitCore runs cut the keys, merged after SyncAll
     (4, 3000, 64, 200, True, "int8", "910b2", {}),  # MTP decode, INT8 Q8 K8 with the scales folded into W~
     (20, 700, 64, 64, True, "fp8", "950pr", {}),
     (100, 100, 64, 32, True, "bf16", "910b2", {"block_m": 128, "block_n": 32}),  # causal pairs (qb, nq-1-qb)
@@ -75,10 +75,14 @@ def test_lightning_indexer_topk_equals_reference(t, s, h, k, causal, dtype, chip
 
 
 def test_indexer_paired_units_cover_the_triangle():
-    """The paired causal trace is really paired at the test shape above (else it tests nothing new)."""
+    """The paired causal trace is really paired at the test shape above (else it tests nothing new), and the
+    SplitCore runs of (20, 700) cut its query blocks over cores, merged after the SyncAll."""
     from npusim.kernels.indexer import LightningIndexer
 
-    assert LightningIndexer(100, 100, 64, 128, 32, block_m=128, block_n=32).plan(load_chip("910b2")).paired
+    chip = load_chip("910b2")
+    assert LightningIndexer(100, 100, 64, 128, 32, block_m=128, block_n=32).plan(chip).paired
+    li = LightningIndexer(20, 700, 64, 128, 64)
+    assert any(not x.whole for run in li.split_core(li.plan(chip), chip.aic.count) for x in run)
 
 
 def test_broken_flag_protocol_is_caught_as_deadlock():

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from npusim.errors import NpusimError, did_you_mean
-from npusim.kernels.tile import Lin, lin, let
+from npusim.kernels.tile import Lin, PerCore, lin, let
 from npusim.kernels.trace import Group, Instr, Loop, Node, Program, Trace, check_fits
 from npusim.spec.chip import BYTES_PER_ELEMENT, AicBuffers, Chip
 
@@ -265,17 +265,9 @@ def distribute(bands: list[Band], cores: int, flags: dict[str, int]) -> tuple[Gr
         rots.append(rot)
         rot = (rot + r) % cores
 
-    def program(core_kind: str, which: int, key: tuple[int, ...]) -> Program:
-        body = []
-        for band, n, r in zip(bands, key, rots):
-            inner = band.aic if which < 0 else band.aiv[which]
-            if n and inner:
-                if 0 <= which < len(band.lead):
-                    body.extend(band.lead[which])
-                head = addr(**dict(band.bind), s=lin(("core", 1), base=-r, mod=cores),
-                            blk=lin(("w", cores), ("s", 1)))
-                body.append(Loop(n, (head,) + inner, "w"))
-        return Program(core_kind, tuple(body))
+    def segments(key: tuple[int, ...]) -> list[tuple[Band, int, Instr]]:
+        return [(band, n, addr(**dict(band.bind), s=lin(("core", 1), base=-r, mod=cores),
+                               blk=lin(("w", cores), ("s", 1)))) for band, n, r in zip(bands, key, rots)]
 
     groups, c = [], 0
     while c < cores:
@@ -284,12 +276,53 @@ def distribute(bands: list[Band], cores: int, flags: dict[str, int]) -> tuple[Gr
         while c < cores and tuple(cnt[c] for cnt in counts) == key:
             c += 1
         if any(key):  # folded copies differ only in the core id the functional path binds
-            groups.append(_group(bands, key, start, c - start, flags, program))
+            groups.append(_group(segments(key), start, c - start, flags))
     return tuple(groups)
 
 
-def _group(bands, key, index, copies, flags, program) -> Group:
-    aic = program("aic", -1, key) if any(b.aic for b in bands) else None
+def place(runs: list[list[Band]], flags: dict[str, int]) -> tuple[Group, ...]:
+    """Each core its own run of bands, in order: core c runs every band of runs[c], its blocks blk = 0 .. blocks-1
+    one after another (a kernel that splits its work by block index into contiguous runs, e.g. LightningIndexer's
+    SplitCore). Cores whose runs have the same bands (bodies and block counts) fold into one Group, renumbered so
+    that its copies are consecutive (which core runs which run is a relabelling, nothing in the runs depends on
+    it); a band constant that differs between them becomes a PerCore table."""
+    classes: dict[tuple, list[int]] = {}
+    for c, run in enumerate(runs):
+        if run:
+            classes.setdefault(_run_key(run), []).append(c)
+    groups, first = [], 0
+    for cores in classes.values():
+        segments = []
+        for i, band in enumerate(runs[cores[0]]):
+            values = {name: tuple(dict(runs[c][i].bind)[name] for c in cores) for name, _ in band.bind}
+            bind = {name: v[0] if len(set(v)) == 1 else PerCore(v, first) for name, v in values.items()}
+            segments.append((band, band.blocks, addr(**bind, blk=lin(("w", 1)))))
+        groups.append(_group(segments, first, len(cores), flags))
+        first += len(cores)
+    return tuple(groups)
+
+
+def _run_key(run: list[Band]) -> tuple:
+    return tuple((b.blocks, tuple(n for n, _ in b.bind), id(b.aic), tuple(map(id, b.aiv)), tuple(map(id, b.lead)))
+                 for b in run)
+
+
+def _program(core_kind: str, which: int, segments: list[tuple[Band, int, Instr]]) -> Program:
+    """The AIC (which < 0) or AIV `which` program of a core: per band its lead, then its n blocks as a loop over
+    'w' behind the band's address head."""
+    body = []
+    for band, n, head in segments:
+        inner = band.aic if which < 0 else band.aiv[which]
+        if n and inner:
+            if 0 <= which < len(band.lead):
+                body.extend(band.lead[which])
+            body.append(Loop(n, (head,) + inner, "w"))
+    return Program(core_kind, tuple(body))
+
+
+def _group(segments: list[tuple[Band, int, Instr]], index: int, copies: int, flags: dict[str, int]) -> Group:
+    bands = [b for b, _, _ in segments]
+    aic = _program("aic", -1, segments) if any(b.aic for b in bands) else None
     naiv = max((len(b.aiv) for b in bands), default=0)
-    aiv = tuple(program("aiv", i, key) for i in range(naiv))
+    aiv = tuple(_program("aiv", i, segments) for i in range(naiv))
     return Group(aic, aiv, copies=copies, flags=dict(flags), index=index)

@@ -17,10 +17,25 @@ lockstep with their AIC (one cross-core flag for both), split the block's tokens
 VMS4 to a 512 run) and merged into the token's running top-k every block (MergeSort; a sequence of <= 4 query
 tokens caches four sorted blocks per merge), a finished row only extracted. Measured on kernels.md K135 (raw
 msprof, 910B3): vec0 holds 3 of 5 tokens per block (vector 47.2 us, 3.15 us per token-block; vec1 32.2 us for 2),
-the AIC's FIXPIPE writes 0.66 MB per block (23.9 us at ~128 GB/s), the cube is 21 % busy. Its contiguous even
-split of blocks over the cores (SplitCore) is approximated by npusim's units below (one more wave at some shapes).
+the AIC's FIXPIPE writes 0.66 MB per block (23.9 us at ~128 GB/s), the cube is 21 % busy.
 
-How the launch is cut into units of equal work, each one loop of key-tile steps:
+How the dav-c220 launch is cut: as the kernel's SplitCore does (`split_core`; lightning_indexer_kernel_arch22.h,
+read at hicann/ops-transformer 0d8dd3e): every (sequence, query block, key tile) block in order, the causal count
+per query block from the mask, core c a contiguous run of floor(total / cores) blocks, one more for the first
+total mod cores. A run may start and end inside a query block's keys: its pieces of a split block store their
+top-ks as partials, and after a SyncAll the block's first core merges them (ProcessLD; vec0 the first ceil(n / 2)
+tokens). The workspace slot alternates over a core's whole run (loop % 2), so the AIC computes block i + 1 while
+the AIVs take block i, across query blocks too. The tiling host gives the kernel every core (usedCoreNum = block
+dim) and 8-token blocks for topk <= 2048 (S1_BASE_SIZE 8 in lightning_indexer_tiling.cpp; the older
+cann-recipes-infer custom op, 98946b6, used ceil(512 / G) tokens). A run is written whole blocks first and its
+split pieces as one unit of two parts after them (`Launch.core_run` says why), and cores with the same run's
+shape fold into one group (base.place). Limit: an uneven causal triangle over many query blocks (the pairing
+condition below) keeps npusim's paired units: there SplitCore gives each core a run of query blocks of its own
+lengths (core 0 thousands of 1-tile blocks at 128K), whose loops never recur together, beyond what the engine's
+steady-state jumps compress; the paired units give every core the same blocks within one pair (the serving
+graphs' indexer is non-causal, so this is the kernel rows' K134 and the long causal tests).
+
+How the Mat-Duce launch (and that limit) is cut into units of equal work, each one loop of key-tile steps:
   * decode and short prefills (few query blocks): smaller blocks, and each block's keys split into ranges over the
     cores (as many as pay for their merge); each range yields a partial top-k in GM, and after an all-core barrier
     (SyncAll) one vector core per token merges the ranges;
@@ -33,15 +48,15 @@ the score workspace's two GM slots from the AIC to its AIVs; on each AIV the sco
 the partials being merged — between the stages of `Launch` (AIC: CopyInQ, CopyInK, LoadL0, C1, ReLU, C2,
 CopyOutScores; AIV: CopyInScores, Select, TopkInit, CopyOutTopk; after the SyncAll: MergePart, CopyOutMerged).
 A plan's `buffering` is the depth of the double-buffered queues (the layout is chosen for double buffering, so a
-deeper one that does not fit is refused). Known limit kept from the hand-written trace: the running top-k's queue
-runs two deep, so a unit's first selection may start while the last unit's top-k is still being stored, but UB
-holds one top-k per part.
+deeper one that does not fit is refused); the running top-k's queue stays two deep at any buffering (a unit of
+two parts holds both). Known limit kept from the hand-written trace: with it two deep, a unit's first selection may
+start while the last unit's top-k is still being stored, but UB holds one top-k per part.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from npusim.errors import NpusimError
@@ -62,6 +77,8 @@ ELEMENT = {"bf16": "bf16", "fp16": "fp16", "int8": "int8", "fp8": "fp8e4m3"}  # 
 WS_HIT = 1.0  # the C->V score workspace: two slots of tb x bn fp32 per core, written and read at once (L2)
 S1_BASE = 8  # tokens per block of the dav-c220 kernel when topk <= 2048 (s1BaseSize; 8192 / topk x 2 above)
 HEAD_GROUP = 16  # heads an AIV scales per UB load in the dav-c220 kernel (groupInner_)
+# a unit's part-1 offsets (sequence, first key tile, partial index) where it has no second part from elsewhere
+UNIT_DEFAULTS = {"db": Lin(0), "k1": Lin(0), "si1": Lin(0)}
 
 def topk_cycles(chip: Chip, k: int, presorted: bool = False) -> tuple[float, float]:
     """(cycles per candidate key, fixed cycles per row) of an exact top-k, models.md §3.4: A2/A3 VBS32 + VMS4
@@ -109,12 +126,31 @@ class Plan:
 
     @property
     def parts(self) -> int:
+        """Query blocks whose Q a unit holds in L1 as the kernel does: two for causal pairs; a SplitCore run's split
+        pieces, written as one unit of two parts that loads both Qs first, are counted as the kernel holds them
+        (one after the other)."""
         return 2 if self.paired else 1
 
     def tokens_of(self, a: int) -> tuple[int, int]:
         """(first token, tokens) of AIV a in a block."""
         first = 0 if a == 0 else self.split * self.tpc
         return first, (self.split if a == 0 else self.nr - self.split) * self.tpc
+
+
+@dataclass(frozen=True)
+class Piece:
+    """`steps` key tiles of query block `row` (sequence-major: row = sequence x query blocks + block) from tile `k0`
+    on one core: piece `part` of the `parts` the SplitCore runs cut the row into."""
+
+    row: int
+    k0: int
+    steps: int
+    part: int
+    parts: int
+
+    @property
+    def whole(self) -> bool:
+        return self.parts == 1
 
 
 @dataclass(frozen=True)
@@ -211,18 +247,19 @@ class LightningIndexer(Kernel):
         H, T = self.heads, self.tokens
         vec = self.vector_heads(chip)
         tb = min((self.block_m or (self.s1_base() * H if vec else PREFILL_ROWS)) // H, T)
+        if vec:  # SplitCore decides where each block runs: no key ranges to choose
+            return [(tb, 1)]
         if self.block_m and self.splits:
             return [(tb, self.splits)]
         few = self.batch * cdiv(T, tb) < chip.aic.count  # decode: smaller blocks and key ranges fill the cores
-        sizes = (sorted({cdiv(tb, 2 ** i) for i in range(tb.bit_length())}) if few and not self.block_m and not vec
-                 else [tb])
+        sizes = sorted({cdiv(tb, 2 ** i) for i in range(tb.bit_length())}) if few and not self.block_m else [tb]
         options = [(b, s) for b in sizes
                    for s in ([self.splits] if self.splits else range(1, self.max_splits(chip, b) + 1))]
         scored = sorted(((self.estimate(chip, *o), i, o) for i, o in enumerate(options)))
         return [o for _, _, o in scored[:SHORTLIST]]
 
     def candidates(self, chip: Chip) -> tuple[Kernel, ...]:
-        if self.block_m and self.splits:
+        if self.block_m and self.splits or self.vector_heads(chip):
             return (self,)
         return tuple(replace(self, block_m=b * self.heads, splits=s) for b, s in self.split_options(chip))
 
@@ -274,7 +311,7 @@ class LightningIndexer(Kernel):
             cube("pc", (AIC, "cube"), (AIC, "fixpipe"), depth=2, slot={"l0c": 4.0 * 16 * bn}),
             tuple(q(f"ws{i}", (AIC, "fixpipe"), (AIV, "mte2"), depth=1) for i in range(2)),
             q("ub", (AIV, "mte2"), (AIV, "vector"), depth=2),
-            q("top", (AIV, "vector"), (AIV, "mte3"), depth=2),
+            q("top", (AIV, "vector"), (AIV, "mte3"), depth=2, fixed=True),  # a unit of two parts holds both
             q("m", (AIV, "mte2"), (AIV, "vector"), depth=2))
 
     def used(self, prog: TileProgram, q: Queues, p: Plan) -> dict[str, float]:
@@ -290,8 +327,8 @@ class LightningIndexer(Kernel):
     def vec_ub(self, na: int, depth: int) -> float:
         """UB of the dav-c220 scoring phase (its InitBuffers): `depth` buffers of a head group's scores and weights,
         the group sums, the block's sorted scores and indices, and the running top-k of `na` tokens. The kernel
-        walks one query block at a time, so one top-k is held; a paired unit's two parts (npusim's balance of the
-        causal triangle) are counted as the kernel holds them."""
+        walks one query block at a time, so one top-k is held; a SplitCore run's two split pieces, written as one
+        unit of two parts, are counted as the kernel holds them (one after the other)."""
         g, bn = min(HEAD_GROUP, self.heads), self.block_n
         return depth * 4.0 * (g * bn + g) + 4.0 * g * bn + 8.0 * bn + 8.0 * na * self.topk
 
@@ -308,9 +345,10 @@ class LightningIndexer(Kernel):
         return min(full, (self.keys - self.tokens + min((qb + 1) * tb, self.tokens) - 1) // self.block_n + 1)
 
     def estimate(self, chip: Chip, tb: int, splits: int) -> float:
-        """Seconds for blocks of `tb` tokens and `splits` key ranges: the units' key-tile steps in waves over the
-        cores, a step taking the slowest of its cube work (C1 and the 16-row head reduction), its top-k on the
-        busier vector core and its K tile (per-core MTE2 rate, the wave's share of HBM and L2), then the merge of
+        """Seconds for blocks of `tb` tokens and `splits` key ranges (the Mat-Duce kernel): the units' key-tile
+        steps in waves over the cores, a step taking the slowest of its cube work (C1 and the 16-row head
+        reduction), its top-k on the busier vector core and its K tile (per-core MTE2 rate, the wave's share of
+        HBM and L2), then the merge of
         the ranges on one vector core. An estimate for ranking; the engine times the trace."""
         H, D, bn, cube = self.heads, self.dim, self.block_n, chip.aic.cube.flop_per_cycle
         eff, clock, cores = chip.efficiency, chip.clock, chip.aic.count
@@ -319,17 +357,9 @@ class LightningIndexer(Kernel):
         per_key, fixed = topk_cycles(chip, self.topk)
         merge_key, _ = topk_cycles(chip, self.topk, presorted=True)
         rows = tb * H
-        if self.vector_heads(chip):  # C1 and its fp32 per-head scores out; per AIV token: scores in, scale, top-k
-            fix = 4.0 * rows * bn / chip.aic.pipes["fixpipe"].bytes_per_cycle / clock
-            step_cube = max(2.0 * rows * bn * D / cube[self.dtype] / (clock * eff.cube), fix)
-            vf = chip.aiv.vector.flop_per_cycle["fp32"]
-            token = ((2.0 * H * bn / vf + block_topk_cycles(self.topk, bn, self.cached)) / (clock * eff.vector)
-                     + read_seconds(chip, 4.0 * H * bn, WS_HIT, "aiv"))
-            step_vec = cdiv(tb, 2) * token
-        else:
-            step_cube = (2.0 * rows * bn * D / cube[self.dtype] + 2.0 * 16 * rows * bn / cube[SCORE_DT]) / (
-                clock * eff.cube)
-            step_vec = cdiv(tb, 2) * per_key * bn / (clock * eff.vector)
+        step_cube = (2.0 * rows * bn * D / cube[self.dtype] + 2.0 * 16 * rows * bn / cube[SCORE_DT]) / (
+            clock * eff.cube)
+        step_vec = cdiv(tb, 2) * per_key * bn / (clock * eff.vector)
         k_step, hit = nbytes(self.dtype, bn, D), 1 - 1 / nq
         n = min(units, cores)
         step_mem = max(read_seconds(chip, k_step, hit),
@@ -338,6 +368,29 @@ class LightningIndexer(Kernel):
         stream = cdiv(units, cores) * cdiv(full, splits) * max(step_cube, step_vec, step_mem)
         merge = (merge_key * splits * self.topk + fixed) / (clock * eff.vector) if splits > 1 else 0.0
         return stream + merge
+
+    # ------------------------------------------------------------------------------------------------ SplitCore
+    def split_core(self, p: Plan, cores: int) -> list[list[Piece]]:
+        """The dav-c220 kernel's SplitCore (ops-transformer attention/lightning_indexer/op_kernel/arch22
+        lightning_indexer_kernel_arch22.h, SplitCore and GetTotalBaseBlockNum): all (sequence, query block, key
+        tile) blocks in that order, the causal count per query block from the mask; core c takes a contiguous run
+        of floor(total / cores) blocks, one more for the first total mod cores (fewer cores when there are fewer
+        blocks). A run may begin and end inside a query block's keys: the pieces of each core's run, in order."""
+        tiles = [self.tiles(q, p.tb, p.full) for q in range(p.nq)] * self.batch
+        base, extra = divmod(sum(tiles), cores)
+        runs: list[list[list[int]]] = []
+        row, k, cut = 0, 0, [0] * len(tiles)
+        for c in range(cores if base else extra):
+            left, run = base + (c < extra), []
+            while left:
+                take = min(left, tiles[row] - k)
+                run.append([row, k, take, cut[row]])
+                cut[row] += 1
+                left, k = left - take, k + take
+                if k == tiles[row]:
+                    row, k = row + 1, 0
+            runs.append(run)
+        return [[Piece(r, k0, n, part, cut[r]) for r, k0, n, part in run] for run in runs]
 
     # ------------------------------------------------------------------------------------------------ the units
     def units(self, p: Plan) -> list[tuple[int, int, dict[str, Lin]]]:
@@ -398,16 +451,24 @@ class LightningIndexer(Kernel):
         launch = Launch(self, p, q, 1 - p.full / loads if fits else 1 - 1 / min(p.nq, chip.aic.count),
                         chip.aiv.vector.flop_per_cycle["fp32"], per_key, fixed,
                         topk_cycles(chip, self.topk, presorted=True)[0])
-        bands = [launch.band(prog, blocks, C, bind) for blocks, C, bind in self.units(p)]
-        if p.splits > 1:
-            bands.append(launch.merge_band(prog))
+        if p.vec and not p.paired:
+            split = self.split_core(p, chip.aic.count)
+            runs = [launch.core_run(prog, pieces) for pieces in split]
+            groups, nbands = prog.placed(runs), sum(map(len, runs))
+            units = f"SplitCore: {sum(x.steps for r in split for x in r)} blocks over {len(split)} cores"
+        else:
+            bands = [launch.band(prog, blocks, C, bind) for blocks, C, bind in self.units(p)]
+            if p.splits > 1:
+                bands.append(launch.merge_band(prog))
+            groups, nbands = prog.groups(bands, chip.aic.count), len(bands)
+            units = "paired causal" if p.paired else f"{p.splits} key ranges"
         w = self.work()
-        return Trace(self.name, chip.name, self.shape, prog.groups(bands, chip.aic.count), w.cube_flops, w.hbm_bytes,
+        return Trace(self.name, chip.name, self.shape, groups, w.cube_flops, w.hbm_bytes,
                      self.used(prog, q, p),
                      {"block_m": p.rows, "block_n": p.bn, "tokens_per_block": p.tb, "l0_chunk": (p.c_m, p.c_n, self.dim),
                       "k_buffers": q.k.depth,
                       "head_reduction": "vector (dav-c220 kernel)" if p.vec else "cube (Mat-Duce)",
-                      "units": "paired causal" if p.paired else f"{p.splits} key ranges", "bands": len(bands),
+                      "units": units, "bands": nbands,
                       "topk": "radix select" if chip.family == "950" else "VBS32+VMS4 sort/merge"} | prog.tiling(),
                      dtype=self.dtype)
 
@@ -425,6 +486,7 @@ class Launch:
     per_key: float
     fixed: float
     merge_key: float
+    built: dict[tuple, Band] = field(default_factory=dict)  # whole_band's and split_band's bodies
 
     @property
     def nj(self) -> int:
@@ -437,12 +499,15 @@ class Launch:
 
     @property
     def kstop(self) -> Lin:
-        return lin(("bi", self.li.keys), base=self.li.keys)
+        return lin(("b", self.li.keys), base=self.li.keys)
 
     # ------------------------------------------------------------------ bands
     def band(self, prog: TileProgram, blocks: int, C: int, bind: dict[str, Lin]) -> Band:
-        """`blocks` units of C key-tile steps: the AIC's, and each AIV's when it owns tokens of the block."""
+        """`blocks` units of C key-tile steps: the AIC's, and each AIV's when it owns tokens of the block (their
+        top-ks final unless the plan splits the keys into ranges)."""
         paired = self.p.paired and "u" in bind
+        final = self.p.splits == 1
+        bind = UNIT_DEFAULTS | bind
         c = prog.code(AIC)
         c.addr(**bind)
         self.aic_unit(c, C, paired)
@@ -451,7 +516,7 @@ class Launch:
             v = prog.code(AIV, a)
             if self.p.tokens_of(a)[1]:
                 v.addr(**bind)
-                self.aiv_unit(v, C, paired)
+                self.aiv_unit(v, C, paired, final)
             aiv.append(v.body())
         return Band(blocks, c.body(), tuple(aiv))
 
@@ -462,22 +527,123 @@ class Launch:
             b, v = prog.code(AIV, a), prog.code(AIV, a)
             b.sync_all()
             lead.append(b.body())
-            self.merge(v)
+            self.merge(v, lin(("blk", 2), base=a), Lin(self.li.batch * self.li.tokens), self.p.splits)
             bodies.append(v.body())
         return Band(cdiv(self.li.batch * self.li.tokens, 2), None, tuple(bodies), lead=tuple(lead))
 
+    def core_run(self, prog: TileProgram, pieces: list[Piece]) -> list[Band]:
+        """One core's SplitCore run: consecutive whole query blocks of equal length as one band (in pairs when their
+        length is odd, so each unit starts on the same workspace slot: the slots alternate over the core's whole
+        run, gloop % 2); then its split pieces (at most two: the run's head and tail) as one unit of one or two
+        parts, each storing its top-k as a partial (`si`, `si1`); then, when the run ends in the first piece of a
+        split block (isLD), that block's merge after the SyncAll (ProcessLD). Written in this order, not the
+        kernel's (head, whole blocks, tail): nothing before the SyncAll reads another piece's output, so the order
+        changes neither what the run computes nor its work, and every core's run has the same few loops, the
+        pieces' lengths being bindings of one loop (the cores run in step, so the engine compresses them)."""
+        bands, slot = [], 0
+        whole, split = [x for x in pieces if x.whole], [x for x in pieces if not x.whole]
+        i = 0
+        while i < len(whole):
+            x, n = whole[i], 1
+            while i + n < len(whole) and whole[i + n].steps == x.steps:
+                n += 1
+            rows = 2 if x.steps % 2 and n > 1 else 1
+            units, rest = divmod(n, rows)
+            for r0, count, per in ((x.row, units, rows), (x.row + n - 1, rest, 1)):
+                if count:
+                    bands.append(self.whole_band(prog, x.steps, slot, per, count, r0))
+                    slot = (slot + count * per * x.steps) % 2
+            i += n
+        if split:
+            bands.append(self.split_band(prog, split, slot))
+        last = pieces[-1]
+        if last.part == 0 and not last.whole:
+            bands.append(self.split_merge_band(prog, last.row, last.parts))
+        return bands
+
+    def whole_band(self, prog: TileProgram, steps: int, slot: int, rows: int, blocks: int, r0: int) -> Band:
+        """`blocks` units of `rows` whole query blocks of `steps` tiles, blocks r0 + rows blk + i, the first on
+        workspace slot `slot`; the bodies are built once per (length, slot, rows) and take r0 from the band's
+        constants."""
+        key = ("whole", steps, slot, rows)
+        if key not in self.built:
+            nq = self.p.nq
+            c, vs = prog.code(AIC), [prog.code(AIV, a) for a in range(AIVS)]
+            for i in range(rows):
+                bind = UNIT_DEFAULTS | {"qr": lin(("r0", 1), ("blk", rows), base=i), "bi": lin(("qr", 1), div=nq),
+                                        "qb0": lin(("qr", 1), mod=nq), "dq": Lin(0), "s0": Lin(steps), "k0": Lin(0),
+                                        "si": Lin(0)}
+                self.unit_code(c, vs, bind, steps, False, True, (slot + i * steps) % 2)
+            self.built[key] = Band(1, c.body(), tuple(v.body() for v in vs))
+        b = self.built[key]
+        return Band(blocks, b.aic, b.aiv, (("r0", r0),))
+
+    def split_band(self, prog: TileProgram, split: list[Piece], slot: int) -> Band:
+        """The run's split pieces as one unit: part 0 the first (query block ra from tile ka, sa steps, partial
+        pa), part 1 the second (block rb from tile kb, partial pb); the body is built once per total length and
+        slot, the rest is the band's constants."""
+        a, b = split[0], split[-1]
+        paired, steps = len(split) == 2, sum(x.steps for x in split)
+        key = ("split", steps, slot, paired)
+        if key not in self.built:
+            nq = self.p.nq
+            c, vs = prog.code(AIC), [prog.code(AIV, a) for a in range(AIVS)]
+            bind = {"bi": lin(("ra", 1), div=nq), "qb0": lin(("ra", 1), mod=nq), "bb": lin(("rb", 1), div=nq),
+                    "qb1": lin(("rb", 1), mod=nq), "db": lin(("bb", 1), ("bi", -1)), "dq": lin(("qb1", 1), ("qb0", -1)),
+                    "s0": lin(("sa", 1)), "k0": lin(("ka", 1)), "k1": lin(("kb", 1)), "si": lin(("pa", 1)),
+                    "si1": lin(("pb", 1))}
+            self.unit_code(c, vs, bind, steps, paired, False, slot)
+            self.built[key] = Band(1, c.body(), tuple(v.body() for v in vs))
+        body = self.built[key]
+        return Band(1, body.aic, body.aiv, (("ra", a.row), ("rb", b.row), ("ka", a.k0), ("kb", b.k0),
+                                            ("sa", a.steps), ("pa", a.part), ("pb", b.part)))
+
+    def unit_code(self, c: Code, vs: list[Code], bind: dict[str, Lin], steps: int, paired: bool, final: bool,
+                  slot: int) -> None:
+        """One unit written on the AIC and on each AIV that owns tokens of its blocks."""
+        c.addr(**bind)
+        self.aic_unit(c, steps, paired, slot)
+        for a, v in enumerate(vs):
+            if self.p.tokens_of(a)[1]:
+                v.addr(**bind)
+                self.aiv_unit(v, steps, paired, final, slot)
+
+    def split_merge_band(self, prog: TileProgram, row: int, parts: int) -> Band:
+        """After the SyncAll, the AIVs of the block's first core merge its tokens' `parts` partial top-ks (vec0 the
+        first ceil(n / 2) tokens, as ProcessLD splits them) and store the rows; query block `rl` is the band's
+        constant."""
+        li, p = self.li, self.p
+        if ("merge", parts) not in self.built:
+            lead, bodies = [], []
+            for a in range(AIVS):
+                b, v = prog.code(AIV, a), prog.code(AIV, a)
+                f, n = p.tokens_of(a)
+                if n:
+                    b.sync_all()
+                    token = lin(("bi", li.tokens), ("qb0", p.tb), ("t", 1), base=f)
+                    v.addr(bi=lin(("rl", 1), div=p.nq), qb0=lin(("rl", 1), mod=p.nq))
+                    with v.loop(n, "t"):
+                        self.merge(v, token, lin(("bi", li.tokens), base=li.tokens), parts)
+                lead.append(b.body())
+                bodies.append(v.body())
+            self.built["merge", parts] = Band(1, None, tuple(bodies), lead=tuple(lead))
+        body = self.built["merge", parts]
+        return Band(1, None, body.aiv, (("rl", row),), body.lead)
+
     def step_vars(self, c: Code, C: int, paired: bool, j: Lin) -> None:
-        """sel: which part this step serves; kt: its key tile; qb: its query block."""
+        """sel: which part this step serves; kt: its key tile (part 0 from k0, part 1 from k1); qb and b: its query
+        block and sequence."""
         sel = lin(("j", 1), ("s0", -1), base=C, div=C) if paired else Lin(0)
-        c.addr(j=j, sel=sel, kt=lin(("k0", 1), ("j", 1), (("sel", "s0"), -1)), qb=lin(("qb0", 1), (("sel", "dq"), 1)))
+        c.addr(j=j, sel=sel, kt=lin(("k0", 1), ("j", 1), (("sel", "s0"), -1), (("sel", "k0"), -1), (("sel", "k1"), 1)),
+               qb=lin(("qb0", 1), (("sel", "dq"), 1)), b=lin(("bi", 1), (("sel", "db"), 1)))
 
     # ------------------------------------------------------------------ AIC
-    def aic_unit(self, c: Code, C: int, paired: bool) -> None:
-        """Q and W~ of the unit's parts in, C steps, Q given back."""
+    def aic_unit(self, c: Code, C: int, paired: bool, first: int = 0) -> None:
+        """Q and W~ of the unit's parts in, C steps (the first on workspace slot `first`), Q given back."""
         self.copy_in_q(c, 2 if paired else 1)
         c.deque(self.q.q)
         c.op("mte1", "wait_q")
-        c.pingpong(C, "jp", lambda slot, j: self.aic_step(c, C, paired, slot, j))
+        c.pingpong(C, "jp", lambda slot, j: self.aic_step(c, C, paired, slot, j), first)
         c.op("cube", "release_q")
         c.free(self.q.q)
 
@@ -512,14 +678,18 @@ class Launch:
         c.alloc(self.q.q)
         for part in range(parts):
             c.op("mte2", "load_q", Act("load", Ref("l1.q", (part * rows, 0), (rows, D)),
-                                       (Ref("q", (lin(("bi", T * H), ("qb0", rows), ("dq", part * rows)), 0),
-                                            (rows, D), (lin(("bi", T * H), base=T * H), D)),), fe),
+                                       (Ref("q", (lin(("bi", T * H), ("db", part * T * H), ("qb0", rows),
+                                                      ("dq", part * rows)), 0),
+                                            (rows, D), (lin(("bi", T * H), ("db", part * T * H), base=T * H), D)),),
+                                       fe),
                  bytes=nbytes(dt, rows, D), dtype=dt, src="gm", dst="l1")
             if self.p.vec:
                 continue
             c.op("mte2", "load_w", Act("headdiag", Ref("l1.w", (part * p.nr * 16, 0), (p.nr * 16, p.c_m)),
-                                       (Ref("w", (lin(("bi", T), ("qb0", p.tb), ("dq", part * p.tb)), 0), (p.tb, H),
-                                            (lin(("bi", T), base=T), H)),), SCORE_DT, (("tpc", p.tpc),)),
+                                       (Ref("w", (lin(("bi", T), ("db", part * T), ("qb0", p.tb), ("dq", part * p.tb)),
+                                                  0),
+                                            (p.tb, H), (lin(("bi", T), ("db", part * T), base=T), H)),), SCORE_DT,
+                                       (("tpc", p.tpc),)),
                  bytes=nbytes(SCORE_DT, p.tb, H), dtype=SCORE_DT, src="gm", dst="l1")
         c.enque(self.q.q)
 
@@ -533,7 +703,7 @@ class Launch:
         for h in range(2):
             c.alloc(self.q.k)
             c.op("mte2", "load_k", Act("load", Ref(f"l1.k{h}", (0, 0), (kh, D)),
-                                       (Ref("k", (lin(("bi", S), ("kt", bn), base=h * kh), 0), (kh, D),
+                                       (Ref("k", (lin(("b", S), ("kt", bn), base=h * kh), 0), (kh, D),
                                             (self.kstop, D)),), self.fe),
                  bytes=nbytes(dt, kh, D), dtype=dt, src="gm", dst="l1", hit=self.hit_k, issues=pages)
             c.enque(self.q.k)
@@ -658,15 +828,16 @@ class Launch:
             c.enque(self.q.ws[slot], lane=a)
 
     # ------------------------------------------------------------------ AIV
-    def aiv_unit(self, v: Code, C: int, paired: bool) -> None:
-        """A running top-k per part over the unit's C steps, then each part's out (to the partials the merge reads
-        when the keys are split into ranges)."""
+    def aiv_unit(self, v: Code, C: int, paired: bool, final: bool, first: int = 0) -> None:
+        """A running top-k per part over the unit's C steps (the first on workspace slot `first`), then each part's
+        out: the rows' results when `final`, else to the partials (key range or SplitCore piece `si`) the merge
+        reads."""
         parts = 2 if paired else 1
         for part in range(parts):
             self.topk_init(v, part)
-        v.pingpong(C, "jp", lambda slot, j: self.aiv_step(v, C, paired, slot, j))
+        v.pingpong(C, "jp", lambda slot, j: self.aiv_step(v, C, paired, slot, j), first)
         for part in range(parts):
-            self.copy_out_topk(v, part)
+            self.copy_out_topk(v, part, final)
 
     def aiv_step(self, v: Code, C: int, paired: bool, slot: int, j: Lin) -> None:
         self.step_vars(v, C, paired, j)
@@ -690,7 +861,7 @@ class Launch:
         g = min(HEAD_GROUP, H)
         v.deque(self.q.ws[slot])
         for t in range(n):
-            row = lin(("bi", T), ("qb", p.tb), base=f + t)
+            row = lin(("b", T), ("qb", p.tb), base=f + t)
             for h in range(0, H, g):
                 hg = min(g, H - h)
                 v.alloc(self.q.ub)
@@ -698,7 +869,7 @@ class Launch:
                                                 (Ref(f"ws.p{slot}", ((f + t) * H + h, 0), (hg, bn)),), "fp32"),
                      bytes=4.0 * hg * bn, dtype="fp32", src="gm", dst="ub", hit=WS_HIT)
                 v.op("mte2", "load_weights", Act("load", Ref(f"ub.w{slot}", (0, 0), (1, hg)),
-                                                 (Ref("w", (row, h), (1, hg), (lin(("bi", T), base=T), H)),), "fp32"),
+                                                 (Ref("w", (row, h), (1, hg), (lin(("b", T), base=T), H)),), "fp32"),
                      bytes=nbytes(SCORE_DT, 1, hg), dtype=SCORE_DT, src="gm", dst="ub")
                 v.enque(self.q.ub)
                 v.deque(self.q.ub)
@@ -732,7 +903,7 @@ class Launch:
         v.free(self.q.ws[slot])
         v.enque(self.q.ub)
         if self.li.quantised:
-            src = Ref("ks", (0, lin(("bi", self.li.keys), ("kt", bn))), (1, bn), (None, self.kstop))
+            src = Ref("ks", (0, lin(("b", self.li.keys), ("kt", bn))), (1, bn), (None, self.kstop))
             v.op("mte2", "load_key_scales", Act("load", Ref(f"ub.ks{slot}", (0, 0), (1, bn)), (src,), "fp32"),
                  bytes=4.0 * bn, dtype="fp32", src="gm", dst="ub", hit=self.hit_k)
 
@@ -765,40 +936,45 @@ class Launch:
              src="ub", dst="ub")
 
     @stage
-    def copy_out_topk(self, v: Code, part: int) -> None:
-        """The part's top-k finished and stored: to the scores and indices, or to this key range's partials."""
+    def copy_out_topk(self, v: Code, part: int, final: bool) -> None:
+        """The part's top-k finished and stored: to the scores and indices, or to partial `si`."""
         li, p = self.li, self.p
         f, n = p.tokens_of(v.aiv)
         T, K, R = li.tokens, li.topk, li.batch * li.tokens
         tops = (Ref("ub.top", (2 * n * part, 0), (n, K)), Ref("ub.top", (2 * n * part + n, 0), (n, K)))
-        if p.splits > 1:
-            outs = tuple(Ref("gm.li_part", (lin(("si", 2 * R), ("bi", T), ("qb0", p.tb), base=w * R + f), 0), (n, K),
-                             (lin(("si", 2 * R), ("bi", T), base=w * R + T), K)) for w in range(2))
+        seq = (("bi", T), ("db", part * T))
+        if not final:
+            si = "si1" if part else "si"
+            first = (("qb0", p.tb), ("dq", part * p.tb))
+            outs = tuple(Ref("gm.li_part", (lin((si, 2 * R), *seq, *first, base=w * R + f), 0), (n, K),
+                             (lin((si, 2 * R), *seq, base=w * R + T), K)) for w in range(2))
         else:
-            row, stop = lin(("bi", T), ("qb0", p.tb), ("dq", part * p.tb), base=f), (lin(("bi", T), base=T), K)
+            row, stop = lin(*seq, ("qb0", p.tb), ("dq", part * p.tb), base=f), (lin(*seq, base=T), K)
             outs = (Ref("scores", (row, 0), (n, K), stop), Ref("indices", (row, 0), (n, K), stop))
         v.op("vector", "topk_final", flops=self.fixed * n * self.vflops, dtype="fp32", src="ub", dst="ub")
         v.enque(self.q.top)
         v.deque(self.q.top)
         for out, top in zip(outs, tops):
             v.op("mte3", "store", Act("store", out, (top,), "fp32"), bytes=4.0 * n * K, dtype="fp32", src="ub",
-                 dst="gm", hit=1.0 if p.splits > 1 else 0.0)
+                 dst="gm", hit=0.0 if final else 1.0)
         v.free(self.q.top)
 
     # ------------------------------------------------------------------ merge of the key ranges (splits > 1)
-    def merge(self, v: Code) -> None:
-        """Token row 2 blk + a: its ranges' top-k lists merged into one (values and indices from the partials)."""
+    def merge(self, v: Code, row: Lin, end: Lin, parts: int) -> None:
+        """Token row `row` (stored only below row `end`, its sequence's): its `parts` partial top-k lists merged
+        into one (values and indices from the partials)."""
         K = self.li.topk
-        v.addr(row=lin(("blk", 2), base=v.aiv))
+        v.addr(row=row, end=end)
         v.alloc(self.q.top)
         v.op("vector", "topk_init", Act("topk_init", Ref("ub.mt", (0, 0), (2, K))), bytes=8.0 * K, dtype="fp32",
              dst="ub")
-        v.pingpong(self.p.splits, "ri", lambda slot, i: self.merge_part(v, slot, i))
+        v.pingpong(parts, "ri", lambda slot, i: self.merge_part(v, slot, i))
         self.copy_out_merged(v)
 
     @stage
     def merge_part(self, v: Code, slot: int, i: Lin) -> None:
-        """Key range i's partial (values, then indices) into UB and merged into the row's top-k."""
+        """Partial i (values, then indices) into UB and merged into the row's top-k (each list's K candidates
+        charged once, as one merge of all the lists would)."""
         K, R = self.li.topk, self.li.batch * self.li.tokens
         state = Ref("ub.mt", (0, 0), (2, K))
         v.alloc(self.q.m)
@@ -815,7 +991,7 @@ class Launch:
 
     @stage
     def copy_out_merged(self, v: Code) -> None:
-        K, stop = self.li.topk, (self.li.batch * self.li.tokens, self.li.topk)
+        K, stop = self.li.topk, (lin(("end", 1)), self.li.topk)
         v.op("vector", "topk_final", flops=self.fixed * self.vflops, dtype="fp32", src="ub", dst="ub")
         v.enque(self.q.top)
         v.deque(self.q.top)

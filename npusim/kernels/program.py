@@ -59,7 +59,9 @@ How to write a kernel on this layer
    c.free(l1)`. Conditions such as "first step of the tile" are plain Python around the queue call.
 3. A block's body is `c = prog.code(AIC)` (or `prog.code(AIV, a)`), the stages called in program order, then
    `c.body()`; bodies go into `Band`s as before and `prog.groups(bands, cores)` spreads them over the cores with the
-   flags' initial counts. `prog.buffers()` is the per-core buffer use for the Trace, `prog.tiling()` its buffering.
+   flags' initial counts (or `prog.placed(runs)` gives core c its own run of bands, for kernels that split their
+   work into contiguous per-core runs). `prog.buffers()` is the per-core buffer use for the Trace, `prog.tiling()`
+   its buffering.
 No kernel file names a flag or writes `wait=` / `set=`.
 """
 
@@ -73,7 +75,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from npusim.errors import NpusimError
-from npusim.kernels.base import Band, addr, capacity, distribute
+from npusim.kernels.base import Band, addr, capacity, distribute, place
 from npusim.kernels.tile import Lin, lin
 from npusim.kernels.trace import CORE_PIPES, Group, Instr, Loop, Node
 from npusim.spec.chip import Chip
@@ -200,6 +202,17 @@ class TileProgram:
     def groups(self, bands: list[Band], cores: int) -> tuple[Group, ...]:
         """The bands spread over `cores` (base.distribute) once the queues fit and every one is filled and
         drained."""
+        self.check_used(bands)
+        return distribute(bands, cores, self.flags())
+
+    def placed(self, runs: list[list[Band]]) -> tuple[Group, ...]:
+        """Core c runs the bands of runs[c] in order (base.place), once the queues fit and every one is filled and
+        drained."""
+        self.check_used([b for run in runs for b in run])
+        return place(runs, self.flags())
+
+    def check_used(self, bands: list[Band]) -> None:
+        """The queues fit, and every queue the bands drain is filled by them (and the other way round)."""
         self.check_fits()
         bodies = [(b.aic or (), AIC) for b in bands] + [(body, AIV) for b in bands for body in b.aiv + b.lead]
         waits: set[str] = set()
@@ -214,7 +227,6 @@ class TileProgram:
                 raise self.error(f"is drained by stage {q.stages[k][1]} but nothing fills it", q, self.users[q.name])
             if k and flag in sets and flag not in waits:
                 raise self.error(f"is filled but no {q.stages[k][1]} stage drains it", q, self.users[q.name])
-        return distribute(bands, cores, self.flags())
 
     def check_fits(self) -> None:
         cap, used = capacity(self.chip), self.buffers()
@@ -479,14 +491,18 @@ class Code:
         self._bodies[-1].append(Loop(count, body, var))
         self._tallies[-1].nest(tally)
 
-    def pingpong(self, count: int, var: str, make: Callable[[int, Lin], None]) -> None:
+    def pingpong(self, count: int, var: str, make: Callable[[int, Lin], None], start: int = 0) -> None:
         """`count` iterations of a double-buffered body, unrolled by two so each copy names its static buffer slot:
-        make(slot, i) writes one iteration, i its index as an expression of `var`."""
-        pairs, odd = divmod(count, 2)
+        make(slot, i) writes one iteration, i its index as an expression of `var`. `start`: the slot of the first
+        iteration (1 when the buffers' alternation carries on from a previous loop that ended on slot 0)."""
+        if start and count:
+            make(1, Lin(0))
+        pairs, odd = divmod(count - bool(start and count), 2)
+        first = 1 if start else 0
         if pairs:
             with self.loop(pairs, var):
-                make(0, lin((var, 2)))
-                make(1, lin((var, 2), base=1))
+                make(0, lin((var, 2), base=first))
+                make(1, lin((var, 2), base=first + 1))
         if odd:
             make(0, Lin(count - 1))
 

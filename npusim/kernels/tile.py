@@ -34,7 +34,19 @@ class Lin:
         return v % self.mod if self.mod else v
 
 
-Index = Union[int, Lin]
+@dataclass(frozen=True, slots=True)
+class PerCore:
+    """A band constant of folded cores that differ in it: values[env['core'] - first] (one value per core of the
+    group, whose copies the functional path runs with 'core' bound)."""
+
+    values: tuple[int, ...]
+    first: int = 0
+
+    def __call__(self, env: dict[str, int]) -> int:
+        return self.values[env["core"] - self.first]
+
+
+Index = Union[int, Lin, PerCore]
 
 
 def lin(*terms: tuple[str | tuple[str, ...], int], base: int = 0, div: int = 1, mod: int = 0) -> Lin:
@@ -42,7 +54,7 @@ def lin(*terms: tuple[str | tuple[str, ...], int], base: int = 0, div: int = 1, 
 
 
 def value(x: Any, env: dict[str, int]) -> Any:
-    return x(env) if isinstance(x, Lin) else x
+    return x(env) if isinstance(x, (Lin, PerCore)) else x
 
 
 @dataclass(frozen=True, slots=True)
