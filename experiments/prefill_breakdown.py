@@ -33,7 +33,7 @@ A17 = {"CP64": "V3.2 BF16 TTFT at 128K, prefill CP64 (the shipped 32-chip prefil
 # What the R1 W8A8 prefill runs for each op of npusim's MoE layer (cann-recipes-infer @ fbc225d; M = models/deepseek_r1/
 # models/modeling_deepseek.py, Q = module/quantization/compressed_tensors/). '' where the op is as npusim has it.
 DEPLOYMENT = {
-    "attn_norm": "input_layernorm (AddRmsNorm with the residual)",
+    "attn_norm": "input_layernorm: npu_add_rms_norm with the residual (modules.py:86)",
     "q_a_proj_quant": "npu_dynamic_quant of the hidden states (Q compressed_tensors_w8a8_int8.py:89)",
     "q_a_proj": "npu_quant_matmul (Q ..._w8a8_int8.py:93)",
     "q_norm": "q_a_layernorm",
@@ -51,7 +51,7 @@ DEPLOYMENT = {
     "attention": "npu_fused_infer_attention_score NTD_TND, sparse_mode 3 (M:1068)",
     "o_proj_quant": "npu_dynamic_quant",
     "o_proj": "npu_quant_matmul",
-    "ffn_norm": "post_attention_layernorm",
+    "ffn_norm": "post_attention_layernorm: npu_add_rms_norm with the residual (modules.py:86)",
     "moe_gate_cast": "hidden_states.to(torch.float32) (M:334)",
     "moe_gate": "FP32 gate linear (ReplicatedLinear params_dtype float32, M:313-318, :335), npu_moe_gating_top_k",
     "moe_init_routing": "npu_moe_init_routing_v2, quant_mode 1: INT8 rows (M:692)",

@@ -129,6 +129,7 @@ CASES: list[tuple[str, dict, str, int]] = [
     ("rowwise", {"rows": 4096, "dim": 7168, "op": "layernorm"}, "910c-die", 0),
     ("rowwise", {"rows": 301, "dim": 7168, "block_rows": 1}, "950pr", 0),
     ("rowwise", {"rows": 8192, "dim": 1536}, "910c-die", 1),
+    ("rowwise", {"rows": 4096, "dim": 7168, "residual": 1}, "910c-die", 0),  # AddRmsNorm
     ("mhc_post", {"tokens": 8, "streams": 4, "hidden": 4096}, "910c-die", 0),
     ("mhc_post", {"tokens": 4096, "streams": 4, "hidden": 4096}, "950dt", 0),
     ("rope", {"tokens": 4096, "heads": 129, "dim": 64}, "910c-die", 0),

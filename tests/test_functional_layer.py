@@ -141,3 +141,10 @@ def test_dequant_swiglu_quant_cuts_a_row_wider_than_ub_and_quantises_it_as_a_who
     assert np.array_equal(cut[0], whole[0]) and np.array_equal(cut[1], whole[1])
     ref = R.swiglu(x * rnd(xs, "fp32")[:, None])
     np.testing.assert_allclose(cut[1], np.abs(ref).max(axis=1) / 127, rtol=1e-6)
+
+
+def test_add_rmsnorm_writes_the_sum_and_normalises_it():
+    """AddRmsNorm (npu_add_rms_norm): the sum of x and the residual comes back exactly as bf16 rounds it, and y is the
+    RMSNorm of that sum within bf16."""
+    for e in verify.VERIFY["rowwise"]({"rows": 50, "dim": 7168}, RNG):
+        assert e.exact in (None, True) and e.passed, e

@@ -263,6 +263,20 @@ def test_ntd_copies_make_q_contiguous_and_repeat_k_rope_over_the_heads(m):
         assert not {"q_pe_copy", "q_nope_copy", "k_rope_repeat"} & {o.name for o in g.layer("mla-moe").ops}
 
 
+def test_deepseek_v3_norms_add_the_residual(m):
+    """npu_add_rms_norm for both norms of a V3 / V3.2 decoder layer: the residual rows read and the sum written
+    beside the normed rows (twice the bytes); V4 (mHC) and the GQA models keep the plain norm."""
+    for name, layer in (("deepseek-v3.1", "mla-moe"), ("deepseek-v3.2-exp", "dsa-moe")):
+        g = build_graph(m[name], "prefill", 1, 4096, quant="bf16").layer(layer)
+        for n in ("attn_norm", "ffn_norm"):
+            op, h = g.op(n), m[name].hidden_size
+            assert op.shape["residual"] == 1 and op.bytes_written == 2 * 2 * 4096 * h
+            assert op.bytes_read == 2 * 2 * 4096 * h + op.weight_bytes
+        assert "residual" not in g.op("q_norm").shape
+    v4 = build_graph(m["deepseek-v4-flash"], "decode", 1, 4096, quant="bf16").layer("csa-moe")
+    assert not any("residual" in v4.op(n).shape for n in ("attn_norm", "ffn_norm"))
+
+
 # ------------------------------------------------------------------------------------------ DeepSeek-V4
 
 

@@ -155,6 +155,17 @@ def rmsnorm(x: np.ndarray, weight: np.ndarray, dtype: str = "bf16", chip: str | 
     return _rowwise("rmsnorm", x, weight[None], dtype, chip)
 
 
+def add_rmsnorm(x: np.ndarray, residual: np.ndarray, weight: np.ndarray, dtype: str = "bf16",
+                chip: str | Chip = "910b2") -> tuple[np.ndarray, np.ndarray]:
+    """AddRmsNorm: s = x + residual -> (s / rms(s) * weight, s), both rounded to dtype (npu_add_rms_norm's y and x)."""
+    from npusim.kernels.rowwise import RowWise
+
+    kern = RowWise(x.shape[0], x.shape[1], "rmsnorm", dtype, residual=1)
+    out = run(kern, {"x": rnd(x, dtype), "r": rnd(residual, dtype), "p": weight[None], "y": np.zeros(x.shape),
+                     "s": np.zeros(x.shape)}, chip)
+    return out["y"], out["s"]
+
+
 def layernorm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, dtype: str = "bf16",
               chip: str | Chip = "910b2") -> np.ndarray:
     """x [rows, dim] -> (x - mean) / std * weight + bias (eps 1e-6)."""

@@ -142,8 +142,13 @@ def verify_rowwise(shape: dict, rng: np.random.Generator) -> list[Error]:
     rows, dim = shape.get("rows", 77), shape.get("dim", 1024)
     x, w, b = rng.standard_normal((rows, dim)), rng.standard_normal(dim), rng.standard_normal(dim)
     xq = rnd(x, "bf16")
+    r = rng.standard_normal((rows, dim))
+    y, s = F.add_rmsnorm(x, r, w)
+    sq = rnd(xq + rnd(r, "bf16"), "bf16")
     return [_err("rmsnorm bf16", F.rmsnorm(x, w), R.rmsnorm(xq, w)),
-            _err("layernorm bf16", F.layernorm(x, w, b), R.layernorm(xq, w, b))]
+            _err("layernorm bf16", F.layernorm(x, w, b), R.layernorm(xq, w, b)),
+            _err("add_rmsnorm sum bf16", s, sq, bool(np.array_equal(s, sq))),
+            _err("add_rmsnorm bf16", y, R.rmsnorm(sq, w))]
 
 
 def _selection(rng: np.random.Generator, tokens: int, keys: int, k: int) -> np.ndarray:

@@ -89,7 +89,7 @@ class _Layers:
         h, nh, ql, rope_d = m.hidden_size, m.num_attention_heads, m.q_lora_rank, m.qk_rope_head_dim
         nope, v, kvl = m.qk_nope_head_dim, m.v_head_dim, m.kv_lora_rank
         a = accounting.mla_a_class(m)
-        ops = [norm("attn_norm", t, h), self.linear("q_a_proj", h, ql, a), norm("q_norm", t, ql),
+        ops = [norm("attn_norm", t, h, residual=True), self.linear("q_a_proj", h, ql, a), norm("q_norm", t, ql),
                self.linear("q_b_proj", ql, nh * (nope + rope_d), "attention"),
                self.linear("kv_a_proj", h, kvl + rope_d, a), norm("kv_norm", t, kvl),
                rope("rope", t, nh + 1, rope_d),
@@ -213,11 +213,17 @@ class _Layers:
         return [self.linear("kv_b_proj", m.kv_lora_rank, nh * (nope + v), "kv_b", m=keys), *copies, attn]
 
     # ------------------------------------------------------------------ FFN (both families)
+    def ffn_norm(self) -> Op:
+        """The FFN's norm; a DeepSeek V3 / V3.2 decoder layer adds the residual in it (npu_add_rms_norm,
+        cann-recipes-infer models/deepseek_r1/models/modules.py:83-87 @ fbc225d, as attn_norm does); V4's mHC and
+        the GQA models keep the plain norm (their sources not read for it)."""
+        return norm("ffn_norm", self.t, self.m.hidden_size, residual=not (self.m.is_v4 or self.m.is_gqa))
+
     def ffn(self, layer: int) -> list[Op]:
         m, t, h = self.m, self.t, self.m.hidden_size
         if m.is_dense_ffn(layer):
             inter = m.intermediate_size
-            return [norm("ffn_norm", t, h), *self.mlp(DENSE_MLP, t, h, inter, "dense_ffn")]
+            return [self.ffn_norm(), *self.mlp(DENSE_MLP, t, h, inter, "dense_ffn")]
         e, k, inter = m.n_routed_experts, m.num_experts_per_tok, m.moe_intermediate_size
         rows = t * k
         touched = e * (1.0 - (1.0 - k / e) ** t)  # expected distinct experts under uniform routing
@@ -233,7 +239,7 @@ class _Layers:
         activate = dequant_swiglu_quant("experts_swiglu", rows, inter, m.swiglu_limit, act) if raw else \
             swiglu("experts_swiglu", rows, inter, m.swiglu_limit)
         cast = [copy("moe_gate_cast", t, h, BF16.dtype, "fp32")] if self.code.router_dtype == "fp32" else []
-        ops = [norm("ffn_norm", t, h), *cast, gate, *self.routing("moe_init_routing", "moe_re_routing", rows, act),
+        ops = [self.ffn_norm(), *cast, gate, *self.routing("moe_init_routing", "moe_re_routing", rows, act),
                grouped_gemm("experts_gate_up", rows, h, 2 * inter, touched, w, act, out="int32" if raw else "bf16"),
                activate,
                grouped_gemm("experts_down", rows, inter, h, touched, w, act), *self.routing("moe_unsort", "", rows)]

@@ -67,11 +67,13 @@ def vector(name: str, kind: str, shape: dict[str, int], *, read: float, written:
               bytes_read=read + weight_bytes, bytes_written=written, weight_bytes=weight_bytes)
 
 
-def norm(name: str, tokens: int, width: int, kind: str = "rmsnorm") -> Op:
-    """RMSNorm / LayerNorm over `width` (4 FLOP per element: square, sum, scale, weight)."""
-    elements = tokens * width
-    return vector(name, kind, {"tokens": tokens, "width": width}, read=BF16.bytes_for(elements),
-                  written=BF16.bytes_for(elements), flops=4.0 * elements, weight_bytes=BF16.bytes_for(width))
+def norm(name: str, tokens: int, width: int, kind: str = "rmsnorm", residual: bool = False) -> Op:
+    """RMSNorm / LayerNorm over `width` (4 FLOP per element: square, sum, scale, weight); `residual`: AddRmsNorm, the
+    residual added first and the sum written back (twice the rows in and out, one more FLOP per element)."""
+    elements, arrays = tokens * width, 1 + residual
+    shape = {"tokens": tokens, "width": width} | ({"residual": 1} if residual else {})
+    return vector(name, kind, shape, read=arrays * BF16.bytes_for(elements), written=arrays * BF16.bytes_for(elements),
+                  flops=(4.0 + residual) * elements, weight_bytes=BF16.bytes_for(width))
 
 
 def rope(name: str, tokens: int, heads: int, dim: int) -> Op:

@@ -11,6 +11,11 @@ unit (a V->S->V hand-off) for 1/sqrt, then scale, gamma and the cast out, every 
 The vector pass of a block stands for that chain (`chain`): the engine charges the vector pipe's `issue_cycles` for
 each instruction after the first. LayerNorm's chain is not counted (no source read): one instruction per block.
 
+AddRmsNorm (`residual` 1: torch_npu.npu_add_rms_norm, what the DeepSeek decoder layers of cann-recipes run for both
+norms, models/deepseek_r1/models/modules.py:86 @ fbc225d): the block's residual rows come in beside x, one Add over
+the block, the norm of the sum, and the sum goes out beside y as the next residual (ops-nn norm/add_rms_norm: Add,
+then RMSNorm's per-row chain); twice the rows in and out.
+
 Written on the tile-program layer (npusim.kernels.program): a block's rows go through two UB queues (in: MTE2 ->
 vector, out: vector -> MTE3) between the stages copy_in / compute / copy_out; a plan's `buffering` is their depth.
 """
@@ -37,24 +42,40 @@ class RowWise(Kernel):
     """x [rows, dim] -> op(x) [rows, dim]; p [1 or 2, dim] holds the weight (and LayerNorm bias)."""
 
     name: ClassVar[str] = "rowwise"
-    options: ClassVar[tuple[str, ...]] = ("op", "dtype", "block_rows", "buffering")
+    options: ClassVar[tuple[str, ...]] = ("op", "dtype", "block_rows", "buffering", "residual")
     rows: int
     dim: int
     op: str = "rmsnorm"
     dtype: str = "bf16"
     block_rows: int = 0  # 0 = as many as double-buffer in UB
     buffering: int = 0  # depth of the in / out queues (0 = 2, as written)
+    residual: int = 0  # 1: AddRmsNorm, x + residual normed and the sum written back
+
+    @property
+    def arrays(self) -> int:
+        """Row arrays in (and out) per row: x (y), and the residual (the sum) for AddRmsNorm."""
+        return 1 + self.residual
 
     def work(self) -> Work:
-        io = 2 * nbytes(self.dtype, self.rows, self.dim)
-        return Work(0.0, io, vector_flops=ROW_OPS[self.op] * self.rows * self.dim)
+        io = 2 * self.arrays * nbytes(self.dtype, self.rows, self.dim)
+        return Work(0.0, io, vector_flops=(ROW_OPS[self.op] + self.residual) * self.rows * self.dim)
 
     def fewest(self, chip: Chip) -> tuple[int, int]:
         """(a vector core's share of the rows, the fewest equal blocks it cuts into that double-buffer in and out in
         UB as fp32 working copies)."""
         share = cdiv(self.rows, chip.aiv.count)
-        fit = max(1, min(share, int(chip.aiv.buffers.ub / 2 / (2 * 4.0 * self.dim + 64))))
+        fit = max(1, min(share, int(chip.aiv.buffers.ub // self.ub_per_row())))
         return share, cdiv(share, fit)
+
+    def slot(self, br: int) -> float:
+        """One in (or out) buffer of a block: the rows' fp32 working copy; AddRmsNorm's hold its two row arrays as
+        stored, the sum's fp32 copy resident beside them (estimate: its four row arrays in fp32 would not double-buffer
+        one 7168-wide row in a 192 KiB UB)."""
+        return 2 * nbytes(self.dtype, br, self.dim) if self.residual else 4.0 * self.dim * br
+
+    def ub_per_row(self) -> float:
+        """UB a row takes: the in and out buffers double-buffered (and AddRmsNorm's resident fp32 sum)."""
+        return 2 * 2 * self.slot(1) + 4.0 * self.dim * self.residual + 128
 
     def block(self, chip: Chip) -> int:
         """Rows per block: the rows split evenly over the vector cores (CANN's former / tail cores), a core's share
@@ -67,7 +88,8 @@ class RowWise(Kernel):
         if self.block_rows:
             return (self,)
         share, fewest = self.fewest(chip)
-        return tuple(replace(self, block_rows=br) for br in even_tiles(share, fewest, 2 * nbytes(self.dtype, self.dim)))
+        return tuple(replace(self, block_rows=br) for br in even_tiles(share, fewest,
+                                                                         2 * self.arrays * nbytes(self.dtype, self.dim)))
 
     def chain(self, br: int) -> int:
         """Dependent vector instructions of a block of br rows (RMSNorm, ops-nn rms_norm.h / rms_norm_merge_n.h): the
@@ -77,26 +99,34 @@ class RowWise(Kernel):
             return 1
         pow2 = 1 << (self.dim.bit_length() - 1)
         halvings = (pow2 != self.dim) + max(0, (pow2 // 64).bit_length() - 1)
-        return (self.dtype != "fp32") + br * (halvings + 6)
+        return (self.dtype != "fp32") * self.arrays + self.residual + br * (halvings + 6)
 
     def rows_at(self, name: str, br: int) -> Ref:
         return Ref(name, (lin(("blk", br)), 0), (br, self.dim), (self.rows, self.dim))
 
     @stage
     def copy_in(self, v: Code, inq: Queue, br: int) -> None:
-        """MTE2: the block's rows into UB as fp32."""
+        """MTE2: the block's rows (and its residual rows) into UB as fp32."""
         v.alloc(inq)
-        v.op("mte2", "load", Act("load", Ref("ub.x", (0, 0), (br, self.dim)), (self.rows_at("x", br),), "fp32"),
-             bytes=nbytes(self.dtype, br, self.dim), dtype=self.dtype, src="gm", dst="ub")
+        for name, op in (("x", "load"), ("r", "load_r"))[:self.arrays]:
+            v.op("mte2", op, Act("load", Ref(f"ub.{name}", (0, 0), (br, self.dim)),
+                                             (self.rows_at(name, br),), "fp32"),
+                 bytes=nbytes(self.dtype, br, self.dim), dtype=self.dtype, src="gm", dst="ub")
         v.enque(inq)
 
     @stage
     def compute(self, v: Code, inq: Queue, outq: Queue, br: int) -> None:
-        """Vector: the row op over the block, the parameters read in place."""
+        """Vector: (the residual added, then) the row op over the block, the parameters read in place."""
         v.deque(inq)
         v.alloc(outq)
+        src = Ref("ub.x", (0, 0), (br, self.dim))
+        if self.residual:
+            src = Ref("ub.s", (0, 0), (br, self.dim))
+            v.op("vector", "add", Act("add", src, (Ref("ub.x", (0, 0), (br, self.dim)),
+                                                   Ref("ub.r", (0, 0), (br, self.dim))), self.dtype),
+                 flops=1.0 * br * self.dim, bytes=4.0 * self.dim * br, dtype="fp32", src="ub", dst="ub")
         v.op("vector", self.op, Act(self.op, Ref("ub.y", (0, 0), (br, self.dim)),
-                                    (Ref("ub.x", (0, 0), (br, self.dim)), Ref("p", (0, 0), (-1, -1))), self.dtype),
+                                    (src, Ref("p", (0, 0), (-1, -1))), self.dtype),
              flops=ROW_OPS[self.op] * br * self.dim, bytes=4.0 * self.dim * br, dtype="fp32", src="ub", dst="ub",
              issues=self.chain(br))
         v.free(inq)
@@ -104,10 +134,12 @@ class RowWise(Kernel):
 
     @stage
     def copy_out(self, v: Code, outq: Queue, br: int) -> None:
-        """MTE3: the block's results to GM."""
+        """MTE3: the block's results (and the sums, the next residual) to GM."""
         v.deque(outq)
-        v.op("mte3", "store", Act("store", self.rows_at("y", br), (Ref("ub.y", (0, 0), (br, self.dim)),), self.dtype),
-             bytes=nbytes(self.dtype, br, self.dim), dtype=self.dtype, src="ub", dst="gm")
+        for name, ub, op in (("y", "ub.y", "store"), ("s", "ub.s", "store_s"))[:self.arrays]:
+            v.op("mte3", op, Act("store", self.rows_at(name, br), (Ref(ub, (0, 0), (br, self.dim)),),
+                                              self.dtype),
+                 bytes=nbytes(self.dtype, br, self.dim), dtype=self.dtype, src="ub", dst="gm")
         v.free(outq)
 
     def build(self, chip: Chip) -> Trace:
@@ -115,9 +147,11 @@ class RowWise(Kernel):
             raise NpusimError(f"unknown row op '{self.op}'; allowed: {', '.join(ROW_OPS)}", field="op")
         br = self.block(chip)
         prog = TileProgram(self.name, chip, self.buffering)
-        slot = {"ub": 4.0 * self.dim * br}  # one block's fp32 working copy
+        slot = {"ub": self.slot(br)}
         inq = prog.queue("ub", (AIV, "mte2"), (AIV, "vector"), depth=2, slot=slot)
         outq = prog.queue("out", (AIV, "vector"), (AIV, "mte3"), depth=2, slot=slot)
+        if self.residual:
+            prog.reserve("ub", 4.0 * self.dim * br)
         v = prog.code(AIV)
         self.copy_in(v, inq, br)
         self.compute(v, inq, outq, br)
@@ -125,4 +159,5 @@ class RowWise(Kernel):
         blocks = cdiv(self.rows, br)
         groups = prog.groups([Band(blocks, None, (v.body(),))], chip.aiv.count)
         return Trace(self.name, chip.name, self.shape, groups, 0.0, self.work().hbm_bytes, prog.buffers(),
-                     {"op": self.op, "block_rows": br, "blocks": blocks} | prog.tiling(), dtype=self.dtype)
+                     {"op": self.op, "block_rows": br, "blocks": blocks} | ({"residual": 1} if self.residual else {})
+                     | prog.tiling(), dtype=self.dtype)

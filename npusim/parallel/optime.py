@@ -151,7 +151,7 @@ def _default_kernel(op: Op, chip: Chip) -> Kernel | None:
         return kernel(op.kind, shape, **opts)
     if op.kind in ROWWISE_OPS:
         rows = s.get("tokens", s.get("rows", 1)) * s.get("heads", 1)
-        return kernel("rowwise", {"rows": max(1, rows), "dim": s["width"]}, op=op.kind)
+        return kernel("rowwise", {"rows": max(1, rows), "dim": s["width"]}, op=op.kind, residual=s.get("residual", 0))
     if op.kind == "hadamard":  # a 128 x 128 Hadamard matrix applied on the cube
         return kernel("gemm", {"m": s["m"], "n": s["n"], "k": s["k"]}, dtype="bf16")
     if op.kind == "quant":
