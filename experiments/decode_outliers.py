@@ -240,7 +240,8 @@ def main() -> None:
              "A20": "V3.2 W8A8C8 decode 128 ranks, MTP3, 128K, batch 128",
              "A21": "V3.2 W8A8C8 decode 128 ranks, MTP3, 128K, batch 512",
              "A23_1536": "V4-Flash 16 x 950DT, 8K, batch 1536, MTP1", "A23_2880": "V4-Flash 16 x 950DT, 8K, batch 2880, MTP1",
-             "A3_7168": A3_FLASH.what, "A3_8192": A3_FLASH.what.replace("7168", "8192"), "F256": r256.what}
+             "A3_7168": A3_FLASH.what, "A3_8192": A3_FLASH.what.replace("7168", "8192"), "F256": r256.what,
+             "A16": "R1 W8A8C8 decode, 128 ranks, batch 6144, MTP1", "F768": r768.what}
     errors = {k: 100 * (predict(row(w)).tpot / row(w).published - 1) for k, w in named.items()}
 
     def e(key: str) -> str:
@@ -270,13 +271,12 @@ collective setup) is too high there and its per-sequence work too cheap, and `ov
 median of these rows, calibrate.py graph) sits between the two ends. The second group is the 950's long-context and
 V4-Pro MTP3 pairs, where each added sequence costs npusim more than published (long-context indexer and compressed
 attention per sequence, and the routed experts a small batch touches). Which per-sequence work is wrong differs per
-model and chip; the sections below name the candidates. A mechanism checked and not landed (measured with the change
-applied to this script's parent commit): each decode attention-type kernel (lightning indexer, SFA, dense MLA flash
-attention) is simulated as ONE sequence holding all the rank's queries (the ops carry no batch; optime defaults it to
-1), so a sequence's keys are read once for all queries. Giving the ops their batch moved A16 44.5 -> 55.7 ms (+24 %:
-the dense flash-attention kernel's per-sequence tiling, not the HBM bytes) and the 950DT 768 row 14.0 -> 15.4 ms
-while the V3.2 rows moved < 0.2 %: it is not the missing per-sequence cost, and the flash-attention kernel's batch
-tiling needs its own check against a measured batched MLA decode before it can land.
+model and chip; the sections below name the candidates. Each decode attention-type op carries its sequences, and
+its kernel reads each sequence's keys apart, as the deployments' batched launches do (section 1b; the dense MLA
+decode as ops-transformer's IncreFlashAttention MLA deals (sequence, token) units over the cores, its latent read as K
+and again, from L2, as V, full-quant INT8 over a C8 cache): the V3.2 rows move < 0.2 % (SFA and the indexer already
+had per-token work), A16 {e('A16')} (the full-quant INT8 attention), the 950DT 768 row {e('F768')} (48 sequences'
+128K indexer keys and compressed entries per die, read apart).
 
 ## 1b. The A3 V3.2 slope (A18-A21) by mechanism
 

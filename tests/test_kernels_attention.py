@@ -157,3 +157,32 @@ def test_v4_is_laid_out_as_the_sas_metadata_deals_it(chip):
     assert t.cores["aic"] == chip.aic.count  # 24 blocks in one wave: no ramp units of two blocks on a core
     decode = catalog.kernel("v4_attention", {"tokens": 1, "keys": 8193, "ratio": 4, "topk": 512}).trace(chip)
     assert decode.tiling["row_group"] == 64
+
+
+MLA = {"heads": 128, "d_qk": 576, "d_v": 512, "kv_heads": 1, "causal": 0}  # absorbed MLA decode (R1)
+
+
+def _hbm_reads(t, op: str) -> float:
+    """Bytes the launch's `op` instructions read from HBM (what L2 does not serve)."""
+    return sum(i.bytes * m * (1 - i.hit) for _, i, m in t.instructions() if i.op == op)
+
+
+def test_dense_mla_decode_reads_each_sequences_latent(chip):
+    """A batched dense MLA decode launch deals (sequence, token) blocks, each walking its own sequence's latent rows:
+    four sequences of two tokens read four latents where eight tokens of one sequence read one (ops-transformer
+    incre_flash_attention SplitBN / SplitBalanced units over batch x heads)."""
+    shape = {**MLA, "keys": 4096}
+    one = catalog.kernel("flash_attention", {**shape, "tokens": 8, "batch": 1}).trace(chip)
+    four = catalog.kernel("flash_attention", {**shape, "tokens": 2, "batch": 4}).trace(chip)
+    assert four.hbm_bytes > 3.5 * (one.hbm_bytes - 8 * 128 * 576 * 2)
+    assert _hbm_reads(four, "load_k") > 3 * _hbm_reads(one, "load_k")
+
+
+def test_mla_values_are_the_latent_rows_just_read(chip):
+    """Absorbed MLA passes its latent cache as both key and value: a V chunk re-reads rows C1 has just loaded, so
+    it comes from L2; a GQA kernel's V is its own array and its reads reach HBM when the keys do not fit L2."""
+    mla = catalog.kernel("flash_attention", {**MLA, "keys": 4096, "tokens": 2, "batch": 48}).trace(chip)
+    assert _hbm_reads(mla, "load_v") == 0 and _hbm_reads(mla, "load_k") > 0
+    gqa = catalog.kernel("flash_attention", {"heads": 64, "kv_heads": 8, "d_qk": 128, "d_v": 128, "causal": 0,
+                                             "keys": 131072, "tokens": 1, "batch": 48}).trace(chip)
+    assert _hbm_reads(gqa, "load_v") > 0

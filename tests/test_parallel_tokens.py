@@ -98,3 +98,38 @@ def test_dsa_indexer_is_replicated_over_attention_tp():
     assert _op(layer, "idx_q_b_proj").shape["m"] == group
     assert _op(layer, "attention").shape["tokens"] == group // 4
     assert _op(layer, "experts_gate_up").shape["rows"] == group // 4 * 8
+
+
+def test_decode_attention_ops_carry_their_sequences():
+    """A decode attention-type op knows how many sequences its queries belong to (the kernel reads each one's keys
+    apart): on an attention-DP rank its share of the batch, cut like its tokens under attention TP; the indexer,
+    replicated over the TP group, keeps the group's. A prefill op has none (its causal pairs carry the batch)."""
+    v32, q = load_model("deepseek-v3.2-exp"), get_quant("w8a8c8")
+    step = shard(v32, load_plan("v32-a3-decode-w8a8c8-mtp3"), "decode", batch=512, length=65536, quant=q)
+    layer = next(lay for lay in step.layers if lay.name == "dsa-moe")
+    assert _op(layer, "attention").shape["sequences"] == _op(layer, "lightning_indexer").shape["sequences"] == 4
+    assert _op(layer, "attention").shape["tokens"] == 4 * (1 + 3)
+    tp4 = shard(v32, load_plan("v32-a3-sglang-pd-tp4"), "decode", batch=16, length=65536, quant=get_quant("w8a8"))
+    layer = next(lay for lay in tp4.layers if lay.name == "dsa-moe")
+    assert _op(layer, "lightning_indexer").shape["sequences"] == 2 and _op(layer, "attention").shape["sequences"] == 1
+    prefill = _moe_layer(_prefill_plan(16, 2, 8), batch=8, length=3500)
+    assert "sequences" not in _op(prefill, "attention").shape
+
+
+def test_a_dense_mla_decode_kernel_runs_per_sequence_and_full_quant_over_an_int8_cache():
+    """optime gives the kernel the op's sequences as its batch and each its tokens; the absorbed MLA over an INT8
+    latent (C8) runs INT8 on the cube (R1's npu_fused_infer_attention_score_v2 query_quant_mode 3), over a BF16 cache
+    BF16; DSA's sparse attention dequantises its INT8 cache and stays BF16."""
+    from npusim.parallel.optime import kernel_for
+    from npusim.spec.chip import load_chip
+    chip = load_chip("910c-die")
+    plan = load_plan("r1-a3-decode-a16")
+    for quant, dtype in (("w8a8c8", "int8"), ("w8a8", "bf16")):
+        step = shard(R1, plan, "decode", batch=6144, length=4096, quant=get_quant(quant))
+        attn = _op(next(lay for lay in step.layers if lay.name == "mla-moe"), "attention")
+        k = kernel_for(attn, chip)
+        assert (k.batch, k.tokens, k.dtype) == (48, 2, dtype)
+    v32 = shard(load_model("deepseek-v3.2-exp"), load_plan("v32-a3-decode-w8a8c8-mtp3"), "decode", batch=256,
+                length=65536, quant=get_quant("w8a8c8"))
+    sfa = kernel_for(_op(next(lay for lay in v32.layers if lay.name == "dsa-moe"), "attention"), chip)
+    assert (sfa.batch, sfa.tokens, sfa.dtype) == (2, 4, "bf16")

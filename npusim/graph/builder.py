@@ -42,6 +42,13 @@ class _Layers:
         self.kv_row = accounting.kv_row_bytes(model, quant)
         self.idx_row = accounting.indexer_row_bytes(model, quant) if model.has_indexer else 0.0
 
+    def sequences(self) -> dict[str, int]:
+        """A decode attention-type op's sequences: its kernel tiles (sequence, KV head, query block) units, each
+        reading its own sequence's keys (the deployments' batched launches: ops-transformer IFA MLA SplitBN /
+        SplitBalanced, SFA InitCalcParamsEach, QuantLightningIndexer SplitCore). Prefill keeps one sequence per
+        kernel (its causal pairs carry the batch)."""
+        return {} if self.prefill else {"sequences": self.q.batch}
+
     def linear(self, name: str, k: int, n: int, weight_class: str | None, *, batch: int = 1, m: int | None = None,
                kind: str = "gemm") -> Op:
         """A linear of a weight class (None: kept in BF16 under every preset)."""
@@ -142,7 +149,7 @@ class _Layers:
         topk = min(m.index_topk, keys)
         return Op(name="lightning_indexer", kind="lightning_indexer", unit="cube",
                   shape={"tokens": self.t, "heads": ih, "dim": idim, "keys": keys, "topk": topk, "ratio": ratio,
-                         "pairs": pairs},
+                         "pairs": pairs} | self.sequences(),
                   dtypes={"q": store.dtype, "k": store.dtype, "out": "int32"}, flops=2.0 * pairs * ih * idim,
                   bytes_read=self.t * (ih * store.bytes_for(idim) + ih * 4) + q.batch * keys * self.idx_row,
                   bytes_written=self.t * topk * INDEX_BYTES)
@@ -156,7 +163,7 @@ class _Layers:
         rows = pairs if sparse else q.batch * q.last  # gathered per query, or each sequence's cache read once
         return Op(name="attention", kind="sparse_flash_attention" if sparse else "flash_attention", unit="cube",
                   shape={"tokens": t, "heads": nh, "d_qk": d_qk, "d_v": kvl, "keys": q.last,
-                         "topk": min(m.index_topk, q.last) if sparse else q.last, "pairs": pairs},
+                         "topk": min(m.index_topk, q.last) if sparse else q.last, "pairs": pairs} | self.sequences(),
                   dtypes={"q": BF16.dtype, "kv": self.quant.kv_cache.dtype, "out": BF16.dtype},
                   flops=2.0 * pairs * nh * (d_qk + kvl),
                   bytes_read=BF16.bytes_for(t * nh * d_qk) + rows * self.kv_row
@@ -337,7 +344,8 @@ class _Layers:
         pairs = window_pairs + selected
         attn = Op(name="attention", kind="v4_attention", unit="cube",
                   shape={"tokens": t, "heads": nh, "head_dim": hd, "window": w, "ratio": r,
-                         "topk": m.index_topk if r == OVERLAP_RATIO else 0, "pairs": pairs, "sink": 1},
+                         "topk": m.index_topk if r == OVERLAP_RATIO else 0, "pairs": pairs, "sink": 1}
+                  | self.sequences(),
                   dtypes={"q": BF16.dtype, "kv": self.quant.kv_cache.dtype, "out": BF16.dtype},
                   flops=2.0 * pairs * nh * 2 * hd,
                   bytes_read=BF16.bytes_for(t * nh * hd) + rows * self.kv_row + 4.0 * nh,

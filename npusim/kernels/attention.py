@@ -19,6 +19,10 @@ The kernels differ only in a query token's key set, walked as `KeyTile`s:
   AIC, as the AscendC SparseAttnSharedkv's SWA part); a token's tiles then hold the keys it has, not a padded
   block_n.
 
+Where V is the first d_v columns of the K rows (absorbed MLA's latent, V4's shared KV) C2 loads its V chunks from GM
+again, as ops-transformer's IncreFlashAttention MLA reloads V into its KV ring (IfaMatmulFullQuant::ComputeMm2), and L2
+serves them: its block's C1 has just read those rows. A decode launch holds `batch` sequences, each with its own keys.
+
 Decode with fewer blocks than cores splits each block's keys into ranges (split-KV, flash-decoding): every range
 writes its normalised output and log-sum-exp, and after a SyncAll the vector cores combine them. The causal ramp of
 a prefill is dealt as units of two blocks whose key tiles add up to a full block's (when the blocks outnumber the
@@ -115,6 +119,12 @@ class Attention(Kernel):
     def visible(self, p: np.ndarray) -> np.ndarray:
         """Keys a query at position p actually attends to (the FLOPs)."""
         return self.columns(p)
+
+    @property
+    def v_in_k(self) -> bool:
+        """V is the first d_v columns of the K rows (MLA's latent, V4's shared KV): C2 re-reads rows its block's C1
+        has just loaded, so a V chunk read from GM comes from L2."""
+        return self.kv_arrays[0] == self.kv_arrays[1]
 
     @property
     def per_token(self) -> bool:
@@ -647,7 +657,8 @@ class FlashProgram:
             src = self.rows(t, self.k.kv_arrays[1], kh * vk, d * p.vc, (vk, p.vc), self.dv)
         c.alloc(self.q.k)
         c.op("mte2", "load_v", Act("load", Ref("l1.v", (0, 0), (vk, p.vc)), (src,), dt),
-             bytes=nbytes(dt, vk, p.vc), dtype=dt, src="gm", dst="l1", hit=1.0 if t.gathered else self.read_hit(t))
+             bytes=nbytes(dt, vk, p.vc), dtype=dt, src="gm", dst="l1",
+             hit=1.0 if t.gathered or self.k.v_in_k else self.read_hit(t))
         c.enque(self.q.k)
         if release:
             c.free(self.q.kv)
@@ -1178,6 +1189,13 @@ class FlashAttention(Attention):
     buffering: int = 0
     aiv_rows: int = 0
     layout: str = "BSND"
+
+    @property
+    def v_in_k(self) -> bool:
+        """Absorbed MLA (one KV head, d_v < d_qk): V is the latent part of the K rows; the deployments pass the same
+        cache as key and value (cann-recipes-infer models/deepseek_r1/models/modeling_deepseek.py:1302-1303 @
+        fbc225d, npu_fused_infer_attention_score_v2(q_nope, k_nope, k_nope, ...))."""
+        return self.kvh == 1 and self.d_v < self.d_qk
 
     def __post_init__(self) -> None:
         if self.layout not in ("BSND", "BNSD"):

@@ -112,8 +112,9 @@ def kernel_for(op: Op, chip: Chip, options: KernelOptions | None = None) -> Kern
     """The tiling that implements `op` with the plan's tile options for its kernel, or None when the op's kind has no
     tiling yet.
 
-    Attention-like ops carry their total query-key `pairs`; a `batch` key (sequences, set by the sharding) splits
-    `tokens` into per-sequence queries so each sequence's keys are read once.
+    Attention-like ops carry their total query-key `pairs`; a decode op's `sequences` (the graph's, cut by the
+    sharding with its tokens) become the kernel's batch: `tokens` split into per-sequence queries, each sequence's
+    keys read by its own blocks.
     """
     k = _default_kernel(op, chip)
     tiling = options.tiling() if options else {}
@@ -139,15 +140,16 @@ def _default_kernel(op: Op, chip: Chip) -> Kernel | None:
     if op.kind == "grouped_gemm":
         return kernel("grouped_gemm", {k: s[k] for k in ("rows", "k", "n", "experts")}, dtype=_scheme(op, chip),
                       out_dtype=op.dtypes["out"])
+    seqs = s.get("sequences", 1)  # attention-type ops: the sequences whose keys the launch reads apart
     if op.kind == "lightning_indexer":
-        per_seq = max(1, s["tokens"] // batch)
+        per_seq = max(1, s["tokens"] // seqs)
         return kernel("lightning_indexer", {"tokens": per_seq, "keys": max(1, math.ceil(s["pairs"] / s["tokens"])),
-                                            "heads": s["heads"], "dim": s["dim"], "topk": s["topk"], "batch": batch},
+                                            "heads": s["heads"], "dim": s["dim"], "topk": s["topk"], "batch": seqs},
                       causal=0, dtype=_dtype(op, "q", chip))
     if op.kind in ATTENTION:
         shape = {k: v for k, v in _accepted(op.kind, s).items() if k not in ("tokens", "batch")}
-        shape |= {"tokens": max(1, s["tokens"] // batch), "batch": batch, "keys": max(s.get("keys", 1), 1)}
-        opts = {"dtype": "bf16"} if op.kind == "v4_attention" else {"dtype": "bf16", "causal": 0}
+        shape |= {"tokens": max(1, s["tokens"] // seqs), "batch": seqs, "keys": max(s.get("keys", 1), 1)}
+        opts = {"dtype": _attention_dtype(op, chip)} | ({} if op.kind == "v4_attention" else {"causal": 0})
         return kernel(op.kind, shape, **opts)
     if op.kind in ROWWISE_OPS:
         rows = s.get("tokens", s.get("rows", 1)) * s.get("heads", 1)
@@ -167,6 +169,15 @@ def _default_kernel(op: Op, chip: Chip) -> Kernel | None:
     if op.kind in SAME_NAME:
         return kernel(op.kind, _accepted(op.kind, s))
     return None
+
+
+def _attention_dtype(op: Op, chip: Chip) -> str:
+    """The cube dtype of an attention kernel: BF16, but the absorbed dense MLA over an INT8 latent cache runs
+    full-quant (INT8 queries, the INT8 cache as K and V: the R1 C8 decode's npu_fused_infer_attention_score_v2 with
+    query_quant_mode 3, cann-recipes-infer models/deepseek_r1/models/modeling_deepseek.py:1302-1320 @ fbc225d;
+    ops-transformer incre_flash_attention's IfaMatmulFullQuant) where the chip's cube has INT8."""
+    full_quant = op.kind == "flash_attention" and op.dtypes.get("kv") == "int8" and op.shape.get("kv_heads", 1) == 1
+    return "int8" if full_quant and "int8" in chip.aic.cube.flop_per_cycle else "bf16"
 
 
 def _accepted(name: str, shape: dict[str, int]) -> dict[str, int]:

@@ -43,7 +43,7 @@ DENSE_FFN = ("gate_up_proj", "swiglu", "down_proj")
 O_PROJ = ("o_proj", "o_b_proj")
 HEAD = ("lm_head",)
 EMBED = ("embedding",)
-TOKEN_KEYS = ("m", "tokens", "rows", "pairs")
+TOKEN_KEYS = ("m", "tokens", "rows", "pairs", "sequences")
 SIDE_STREAM_OPS = ("shared_gate_up", "shared_swiglu", "shared_down")
 ALL_KEYS = ("kv_b_proj", "k_rope_repeat")  # up-projects (or repeats) every key the rank attends to: under CP the whole gathered sequence
 # no head dimension (the latent path), or never split (the DSA indexer: "no tensor parallel, just replicated" in
