@@ -13,7 +13,7 @@ Launch cost, added to the engine's time of the trace (the cores' busy span), by 
   * none: no launch (a member of a fused kernel).
 
 Results are memoised by content: the trace's structure (kernel, shape, tiling, dtype and every instruction, actions
-excluded) and the chip's field values (its repr, which leaves out provenance). 61 identical MoE layers, or the
+excluded) and the chip's field values (its repr, which leaves out provenance, computed once per chip: Chip.content). 61 identical MoE layers, or the
 same GEMM at many sweep points, cost one simulation.
 """
 
@@ -152,7 +152,7 @@ _memo: OrderedDict[str, KernelResult] = OrderedDict()
 def content_key(trace: Trace, chip: Chip, launch: str = "eager") -> str:
     """A digest of everything the simulated time depends on (the trace's program structure: Trace.structure)."""
     content = (trace.kernel, tuple(sorted(trace.shape.items())), repr(sorted(trace.tiling.items(), key=str)),
-               trace.dtype, trace.flops, trace.hbm_bytes, trace.l2_bytes, trace.structure, repr(chip), launch)
+               trace.dtype, trace.flops, trace.hbm_bytes, trace.l2_bytes, trace.structure, chip.content, launch)
     return hashlib.blake2b(repr(content).encode(), digest_size=20).hexdigest()
 
 

@@ -195,7 +195,7 @@ def op_time(op: Op, chip: Chip, run: OpRun | str = "graph") -> OpTime:
     run = OpRun(run) if isinstance(run, str) else run
     chip = partition(chip, run.cores)
     key = hashlib.blake2b(repr((op.kind, op.unit, sorted(op.shape.items()), sorted(op.dtypes.items()), op.flops,
-                                op.bytes, chip, run, _code_fingerprint())).encode(), digest_size=16).hexdigest()
+                                op.bytes, chip.content, run, _code_fingerprint())).encode(), digest_size=16).hexdigest()
     hit = _memo.get(key) or _disk_get(key)
     if hit is None:
         k = kernel_for(op, chip, run.options)

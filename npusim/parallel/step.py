@@ -216,7 +216,7 @@ def layer_time(layer: RankLayer, plan: Plan, system: System, streams: Streams | 
     and the values of the plan fields the layer read (npusim.spec.reads: its fusion switches, kernel options,
     streams). Sweep points that differ only where a layer does not look (the MTP acceptance, the batch of the other
     phase, the price) time each layer once. A refusal is not memoised: it is raised again with its own message."""
-    key = hashlib.blake2b(repr((layer, system, system.chip_spec, streams)).encode(), digest_size=20).hexdigest()
+    key = hashlib.blake2b(repr((layer, system, system.chip_spec.content, streams)).encode(), digest_size=20).hexdigest()
     return _layers.get(key, plan, lambda seen: _layer_time(layer, seen, system, streams))
 
 

@@ -7,6 +7,7 @@ Peaks are derived (cores x FLOP/cycle x clock), never typed in.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 from npusim.errors import NpusimError
@@ -184,6 +185,13 @@ class Chip:
     efficiency: Efficiency
     price: float = quantity("money", doc="per package")
     provenance: Provenance = internal()
+
+    @functools.cached_property
+    def content(self) -> str:
+        """repr(self) (every field but the provenance), computed once per chip object: the kernel, engine and layer
+        memos key their results by it, and a chip's repr walks over a hundred nested fields (a sweep point asked for
+        it dozens of times)."""
+        return repr(self)
 
     # ---------------------------------------------------------------- derived figures (per die unless said)
     def cube_rate(self, dtype: str) -> float:
