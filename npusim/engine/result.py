@@ -13,8 +13,8 @@ Launch cost, added to the engine's time of the trace (the cores' busy span), by 
   * none: no launch (a member of a fused kernel).
 
 Results are memoised by content: the trace's structure (kernel, shape, tiling, dtype and every instruction, actions
-excluded) and the chip's field values (its repr, which leaves out provenance, computed once per chip: Chip.content). 61 identical MoE layers, or the
-same GEMM at many sweep points, cost one simulation.
+excluded) and the chip's field values (its repr, which leaves out provenance, computed once per chip: Chip.content).
+61 identical MoE layers, or the same GEMM at many sweep points, cost one simulation.
 """
 
 from __future__ import annotations
