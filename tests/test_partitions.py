@@ -45,9 +45,10 @@ def test_each_partition_takes_its_microbatches_in_order(setup, step):
     # mb0's MoE runs on the FFN cores while mb1's attention runs on the others
     assert span["mb0.experts_gate_up"].start < span["mb1.attention"].end
     assert span["mb0.experts_gate_up"].task.units == 8 and span["mb1.attention"].task.units == 16
-    # its dispatch and combine run under mb1's attention kernels
+    # its dispatch and combine run under mb1's kernels on the attention partition (attn_norm .. o_proj)
+    attn_side = [s for s in lt.timeline.spans if s.task.name.startswith("mb1.") and s.task.resource == "attn_cores"]
     for comm in ("mb0.moe_dispatch", "mb0.moe_combine_all_to_all"):
-        assert span[comm].start < span["mb1.attention"].end and span[comm].end > span["mb1.q_a_proj"].start
+        assert span[comm].start < max(s.end for s in attn_side) and span[comm].end > min(s.start for s in attn_side)
     # the shared expert on its side stream takes the FFN partition's cores, never the attention partition's
     assert {span[f"mb{m}.shared_gate_up"].task.resource for m in (0, 1)} == {"ffn_cores"}
     assert span["mb1.attention"].task.resource == "attn_cores"
