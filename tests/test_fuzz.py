@@ -338,8 +338,8 @@ def _kernel_options():
 
 
 KERNEL_OPTIONS = _kernel_options()
-SMALL_DIMS = {"m": 64, "n": 128, "k": 128, "rows": 16, "elements": 128, "tokens": 16, "keys": 512, "dim": 128, "cols": 128,
-              "width": 256}
+SMALL_DIMS = {"m": 64, "n": 128, "k": 128, "rows": 16, "elements": 128, "tokens": 16, "keys": 512, "dim": 128,
+              "cols": 128, "width": 256}
 BAD_SHAPE_VALUE = st.one_of(WORDS, st.sampled_from(["0", "-1", "-7", "1.5", "nan", "inf", "-inf", "1e400", "",
                                                     "100000000000000000000", "2147483648", "bf16", "[1]"]))
 

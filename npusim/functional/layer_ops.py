@@ -1,9 +1,9 @@
 """The ops around attention and the experts, executed by their kernels' tile traces (re-exported by
 `npusim.functional`): mHC pre/post and Sinkhorn, MoE gate and combine, the KV Compressor, RoPE, quantise /
-dequantise, SwiGLU and W8A8's dequant-SwiGLU-quant, the MoE routing permutations, embedding, row copies / casts. Shapes follow
-models.md §1-2; T tokens, n residual streams, d hidden. Limit: the Compressor's decode step runs its GEMM as a trace
-and its pooling / norm / RoPE as the kernel's actions on the carried state (the prefill kernel has no per-token state
-in GM)."""
+dequantise, SwiGLU and W8A8's dequant-SwiGLU-quant, the MoE routing permutations, embedding, row copies / casts.
+Shapes follow models.md §1-2; T tokens, n residual streams, d hidden. Limit: the Compressor's decode step runs its
+GEMM as a trace and its pooling / norm / RoPE as the kernel's actions on the carried state (the prefill kernel has
+no per-token state in GM)."""
 
 from __future__ import annotations
 

@@ -413,8 +413,8 @@ def build_graph(model: ModelConfig, phase: str, batch: int, length: int, *, mtp_
     each sequence's cache: a prefix-cache hit or earlier chunks) or one decode step (`length` = context: keys the
     first new token sees, itself included; with MTP, 1 + mtp_tokens queries per sequence). `dense_prefill` builds a
     V3.2 prefill in MHA mode as V3.1's (kv_b up-projection, causal flash attention), the indexer only writing its key
-    cache, instead of Lightning Indexer + sparse attention (models.md §1.4). `code`: the ops the deployment's model code
-    adds (the plan's model_code)."""
+    cache, instead of Lightning Indexer + sparse attention (models.md §1.4). `code`: the ops the deployment's model
+    code adds (the plan's model_code)."""
     _check(model, phase, batch, length + cached, mtp_tokens)
     if cached < 0 or (cached and phase != "prefill"):
         raise NpusimError(f"cached tokens are a prefill quantity >= 0, got {cached} for {phase}", field="cached")

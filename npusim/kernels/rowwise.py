@@ -88,8 +88,8 @@ class RowWise(Kernel):
         if self.block_rows:
             return (self,)
         share, fewest = self.fewest(chip)
-        return tuple(replace(self, block_rows=br) for br in even_tiles(share, fewest,
-                                                                         2 * self.arrays * nbytes(self.dtype, self.dim)))
+        row_bytes = 2 * self.arrays * nbytes(self.dtype, self.dim)
+        return tuple(replace(self, block_rows=br) for br in even_tiles(share, fewest, row_bytes))
 
     def chain(self, br: int) -> int:
         """Dependent vector instructions of a block of br rows (RMSNorm, ops-nn rms_norm.h / rms_norm_merge_n.h): the

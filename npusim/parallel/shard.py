@@ -45,7 +45,8 @@ HEAD = ("lm_head",)
 EMBED = ("embedding",)
 TOKEN_KEYS = ("m", "tokens", "rows", "pairs", "sequences")
 SIDE_STREAM_OPS = ("shared_gate_up", "shared_swiglu", "shared_down")
-ALL_KEYS = ("kv_b_proj", "k_rope_repeat")  # up-projects (or repeats) every key the rank attends to: under CP the whole gathered sequence
+# up-projects (or repeats) every key the rank attends to: under CP the whole gathered sequence
+ALL_KEYS = ("kv_b_proj", "k_rope_repeat")
 # no head dimension (the latent path), or never split (the DSA indexer: "no tensor parallel, just replicated" in
 # SGLang's and vLLM's Indexer)
 REPLICATED = ("q_a_proj", "q_norm", "kv_a_proj", "kv_proj", "kv_norm", "kv_cache_update", "idx_q_b_proj", "idx_k_proj",

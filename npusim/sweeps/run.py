@@ -7,7 +7,7 @@ a quarter of its CPU in the collector re-reading the memos. While points run (`c
 is off; after each point one collection frees what the point left (a simulation's reference cycles) and
 `gc.freeze()` moves the survivors (the memos' new entries) out of the collector's sight, so the next collection
 reads only what the next point allocates. Frozen objects are still freed by reference counting when the memos drop
-them (they hold no reference cycles: tests/test_sweeps.py checks it).
+them (they hold no reference cycles: tests/test_memo.py checks it).
 """
 
 from __future__ import annotations
