@@ -48,6 +48,13 @@ def test_parallel_equals_serial(serial):
     pd.testing.assert_frame_equal(_sweep(workers=2, cache="off"), serial)
 
 
+def test_runs_are_whole_blocks_of_the_trailing_axes():
+    # the 10,000-point benchmark: 312 points per task would cut most (batch, bandwidth) blocks of 100 between workers
+    assert sweep_run.chunksize(10_000, 2, (10, 10, 10, 10)) == 300
+    assert sweep_run.chunksize(64, 2, (2, 2, 4, 4)) == 2 and sweep_run.chunksize(5, 2) == 1
+    assert sweep_run.runs([0, 1, 2, 5, 6, 9, 10], 3) == [[0, 1, 2], [5], [6], [9, 10]]  # a resumed sweep stays aligned
+
+
 def test_cache_resumes_an_interrupted_sweep(serial, tmp_path, monkeypatch):
     spec = SweepSpec("t", BASE, GRID)
     first = spec.expand()[:3]

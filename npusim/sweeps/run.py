@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import itertools
 import json
 import os
 from concurrent.futures import ProcessPoolExecutor
@@ -120,10 +121,24 @@ class DiskCache:
         os.replace(tmp, path)
 
 
-def chunksize(points: int, workers: int) -> int:
+def chunksize(points: int, workers: int, axes: tuple[int, ...] = ()) -> int:
     """Points per task: runs of grid neighbours (the last axis fastest) share layers, kernels and tile traces in
-    one worker's memos, and 16 tasks per worker keep the load balanced."""
-    return max(1, points // (16 * workers))
+    one worker's memos, and 16 tasks per worker keep the load balanced. `axes` are the grid's sizes: a run is a
+    whole number of blocks of its trailing axes (e.g. every prompt x output length of one batch and bandwidth),
+    so no block is cut between two workers that would each simulate the kernels its halves share."""
+    target = max(1, points // (16 * workers))
+    block = 1
+    for n in reversed(axes):
+        if block * n > target:
+            break
+        block *= n
+    return target // block * block
+
+
+def runs(todo: list[int], size: int) -> list[list[int]]:
+    """The indices to compute, grouped by the window of `size` points of the whole sweep they fall in (a resumed
+    sweep's runs stay aligned with the grid)."""
+    return [list(group) for _, group in itertools.groupby(todo, key=lambda i: i // size)]
 
 
 @contextmanager
@@ -164,16 +179,23 @@ def _worker_start() -> None:
     catalog.pin_files()
 
 
-def _local(todo: list[Point], workers: int):
+def evaluate_points(points: list[Point]) -> list[dict]:
+    """A run of neighbouring points in a pool worker (started by _worker_start), in order."""
+    return [evaluate_collected(p) for p in points]
+
+
+def _local(points: list[Point], todo: list[int], axes: tuple[int, ...], workers: int):
     if workers <= 1:
         with collecting():
-            yield from map(evaluate_collected, todo)
+            yield from (evaluate_collected(points[i]) for i in todo)
         return
+    work = [[points[i] for i in run] for run in runs(todo, chunksize(len(points), workers, axes))]
     with ProcessPoolExecutor(max_workers=workers, initializer=_worker_start) as pool:
-        yield from pool.map(evaluate_collected, todo, chunksize=chunksize(len(todo), workers))
+        for rows in pool.map(evaluate_points, work):
+            yield from rows
 
 
-def _dask(todo: list[Point], scheduler):
+def _dask(points: list[Point], todo: list[int], axes: tuple[int, ...], scheduler):
     """On a Dask distributed cluster (`pip install npusim[dask]`); `scheduler` is an address or a Client."""
     try:
         from distributed import Client
@@ -185,9 +207,9 @@ def _dask(todo: list[Point], scheduler):
     except (OSError, TimeoutError, ValueError) as exc:
         raise NpusimError(f"cannot reach the Dask scheduler '{scheduler}' ({exc})", field="--scheduler") from None
     try:
-        size = chunksize(len(todo), max(1, len(client.scheduler_info().get("workers", {}))))
-        runs = [todo[i:i + size] for i in range(0, len(todo), size)]  # as the local pool: neighbours share memos
-        futures = client.map(evaluate_run, runs, pure=False)
+        size = chunksize(len(points), max(1, len(client.scheduler_info().get("workers", {}))), axes)
+        work = [[points[i] for i in run] for run in runs(todo, size)]  # as the local pool: neighbours share memos
+        futures = client.map(evaluate_run, work, pure=False)
         for fut in futures:  # in point order; the cluster runs them in any order
             yield from fut.result()
     finally:
@@ -203,8 +225,9 @@ def run_sweep(spec: SweepSpec, *, workers: int | None = None, scheduler=None, ca
     rows: list[dict | None] = [cache.get(k) for k in keys]
     todo = [i for i, r in enumerate(rows) if r is None]
     bar = progress_bar(len(points), f"sweep {spec.name}", "point", enabled=progress, initial=len(points) - len(todo))
-    results = (_dask([points[i] for i in todo], scheduler) if scheduler is not None
-               else _local([points[i] for i in todo], workers or os.cpu_count() or 1))
+    axes = tuple(len(v) for v in spec.grid.values())
+    results = (_dask(points, todo, axes, scheduler) if scheduler is not None
+               else _local(points, todo, axes, workers or os.cpu_count() or 1))
     try:
         for i, row in zip(todo, results):
             rows[i] = row
