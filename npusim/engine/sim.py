@@ -2,8 +2,8 @@
 
 Model
 -----
-* Every (group, core, pipe) that has instructions is a *runner*: a simpy process that walks its pipe's instructions
-  in program order. Runners of one core run concurrently; that is the whole pipe parallelism of a DaVinci core.
+* Every (group, core, pipe) that has instructions is a *runner*: a stream that walks its pipe's instructions in
+  program order. Runners of one core run concurrently; that is the whole pipe parallelism of a DaVinci core.
 * An instruction first takes its `wait` flags (counting semaphores scoped to the group, initial counts from
   `Group.flags`), then occupies its pipe for its start-up latency (`latency_cycles / clock`) plus its work, then
   raises its `set` flags. Pipes are pipelined units: an instruction issued back to back behind the previous one of
@@ -90,8 +90,10 @@ import itertools
 import math
 from dataclasses import dataclass
 
+from heapq import heappop, heappush
+
 import simpy
-from simpy.core import EmptySchedule
+from simpy.events import NORMAL
 
 from npusim.errors import NpusimError
 from npusim.kernels.trace import CORE_PIPES, Instr, Loop, Node, Trace
@@ -111,13 +113,13 @@ class Flag:
         self.name = name
         self.uid = uid
         self.count = count
-        self.waiters: list[tuple[Runner, simpy.Event]] = []
+        self.waiters: list[Runner] = []
 
     def release(self) -> None:
         if self.waiters:
-            runner, event = self.waiters.pop(0)
+            runner = self.waiters.pop(0)
             runner.act = GRANTED
-            event.succeed()
+            runner.wake()
         else:
             self.count += 1
 
@@ -132,11 +134,11 @@ class Barrier:
         self.need = need  # weight of the runners whose stream holds a sync_all
         self.arrived = 0
         self.pending = pending  # weight of unfinished runners of programs without one
-        self.waiters: list[simpy.Event] = []
+        self.waiters: list[Runner] = []
 
-    def arrive(self, weight: int, event: simpy.Event) -> None:
+    def arrive(self, weight: int, runner: Runner) -> None:
         self.arrived += weight
-        self.waiters.append(event)
+        self.waiters.append(runner)
         self.open()
 
     def finished(self, weight: int) -> None:
@@ -151,8 +153,8 @@ class Barrier:
     def open(self) -> None:
         if self.waiters and self.arrived >= self.need and self.pending <= 0:
             waiters, self.waiters, self.arrived = self.waiters, [], 0
-            for event in waiters:
-                event.succeed()
+            for runner in waiters:
+                runner.wake()
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,10 +194,13 @@ IDLE, RUNNING, WAITING, TRANSFER, GRANTED, DONE = range(6)
 
 
 class Runner:
-    """One pipe of one core of one group: its in-order instruction stream as a simpy process."""
+    """One pipe of one core of one group: its in-order instruction stream, a generator that one simpy event of its
+    own resumes. Each wait schedules that event again, exactly where simpy would schedule a process's timeout or
+    the event it waits for (so events run in the same order), without allocating an event or a process per
+    instruction."""
 
     __slots__ = ("sim", "index", "group", "core", "pipe", "weight", "stack", "act", "start", "end", "flag",
-                 "lead", "busy", "ops", "sync", "unbarred")
+                 "lead", "busy", "ops", "sync", "unbarred", "event", "resume")
 
     def __init__(self, sim: "Simulation", index: int, group: int, core: str, pipe: str, weight: int, body: CLoop,
                  unbarred: bool = False):
@@ -214,10 +219,29 @@ class Runner:
         self.ops = 0  # instructions executed (one copy)
         self.sync = 0.0  # cross-core hand-off latency issued (one copy)
         self.unbarred = unbarred  # its program has no sync_all: a barrier waits for it to finish
+        self.event = simpy.Event(sim.env)  # the one event the runner waits for at a time, scheduled again each time
+        self.resume: tuple = ()  # its callbacks: the stream's generator resumed
+
+    def launch(self) -> None:
+        """Run the stream up to its first wait."""
+        stream = self.process()
+        self.resume = (stream.send,)
+        stream.send(None)
+
+    def sleep(self, delay: float) -> None:
+        """Resume the stream `delay` from now, its event scheduled as simpy schedules a timeout (delay 0: as an
+        event that succeeds now, after the events already due)."""
+        event, env = self.event, self.sim.env
+        event.callbacks = self.resume
+        heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), event))  # Environment.schedule inlined
+
+    def wake(self) -> None:
+        self.sleep(0.0)
 
     def process(self):
+        """The stream, resumed by its event after each wait (flag, work, transfer, barrier); it ends parked."""
         sim, env, stack = self.sim, self.sim.env, self.stack
-        timeout, new_event, transfer, spans = env.timeout, env.event, sim.transfer, sim.spans
+        transfer, spans = sim.transfer, sim.spans
         while stack:
             frame = stack[-1]
             body = frame.loop.body
@@ -233,32 +257,32 @@ class Runner:
                     if flag.count:
                         flag.count -= 1
                     else:
-                        event = new_event()
-                        flag.waiters.append((self, event))
+                        flag.waiters.append(self)
                         self.act, self.flag = WAITING, flag
-                        yield event
+                        yield
                         self.flag = None
                         latency = node.latency
-                self.start = now = env.now
+                self.start = now = env._now
                 fixed = latency + node.work
                 if fixed:
                     self.act, self.end = RUNNING, now + fixed
-                    yield timeout(fixed)
+                    self.sleep(fixed)
+                    yield
                 if node.flows:
                     self.act = TRANSFER
-                    yield transfer(self, node)
+                    transfer(self, node)
+                    yield
                 self.act = IDLE
-                start, now = self.start, env.now  # (a steady-state jump may have moved the start)
+                start, now = self.start, env._now  # (a steady-state jump may have moved the start)
                 self.lead = now - start - latency if node.tail < 0.0 else node.tail
                 self.busy += now - start
                 self.ops += node.count
                 if spans is not None:
                     spans.append((self.index, node.name, start, now))
                 if node.barrier:
-                    event = new_event()
                     self.act = WAITING
-                    sim.barrier.arrive(self.weight, event)
-                    yield event
+                    sim.barrier.arrive(self.weight, self)
+                    yield
                     self.act = IDLE
                 for flag, delay in node.sets:
                     if delay:
@@ -285,6 +309,7 @@ class Runner:
             (sim.barrier.finished if self.unbarred else sim.barrier.retired)(self.weight)
         if sim.pacer is self:
             sim.elect_pacer()
+        yield  # parked: never resumed
 
 
 @dataclass(frozen=True)
@@ -346,12 +371,15 @@ class Simulation:
         programs = group.programs
         cores = [p.core if p.core == "aic" else f"aiv{i - (1 if group.aic else 0)}" for i, p in enumerate(programs)]
         waiters: dict[str, set[str]] = {n: set() for n in group.flags}  # flag -> the cores that wait on it
+        barred = set()  # the cores whose program holds a sync_all
         for core, prog in zip(cores, programs):
             for ins in _instrs(prog.body):
                 for n in ins.set:
                     waiters.setdefault(n, set())
                 for n in ins.wait:
                     waiters.setdefault(n, set()).add(core)
+                if ins.op == "sync_all":
+                    barred.add(core)
         names = sorted(waiters)
         flags = {n: Flag(n, len(self.flags) + i, group.flags.get(n, 0)) for i, n in enumerate(names)}
         self.flags.extend(flags.values())
@@ -371,38 +399,42 @@ class Simulation:
                     op = compiled[key] = self._compile(ins, prog.core, tuple(flags[n] for n in ins.wait), sets)
                 return op
 
-            unbarred = not any(ins.op == "sync_all" for ins in _instrs(prog.body))
+            views = self._views(prog.body, op_of)
+            if set(views) - set(CORE_PIPES[prog.core]):
+                bad = sorted(set(views) - set(CORE_PIPES[prog.core]))[0]
+                raise NpusimError(f"{self.trace.kernel}: an {prog.core.upper()} has no pipe '{bad}' "
+                                  f"(its pipes: {', '.join(CORE_PIPES[prog.core])})")
             for pipe in CORE_PIPES[prog.core]:
-                body = self._view(prog.body, pipe, op_of)
+                body = views.get(pipe)
                 if body:
                     runner = Runner(self, len(self.runners), g, core, pipe, group.copies,
-                                    CLoop(1, body, next(self._uid)), unbarred)
+                                    CLoop(1, body, next(self._uid)), core not in barred)
                     self.runners.append(runner)
                     if _free(runner.stack[0].loop):
                         runner.busy, runner.ops = _closed_form(runner.stack[0].loop)
                         runner.act = DONE
                         self.free.append(runner)
-            used = {ins.pipe for ins in _instrs(prog.body)}
-            if used - set(CORE_PIPES[prog.core]):
-                bad = sorted(used - set(CORE_PIPES[prog.core]))[0]
-                raise NpusimError(f"{self.trace.kernel}: an {prog.core.upper()} has no pipe '{bad}' "
-                                  f"(its pipes: {', '.join(CORE_PIPES[prog.core])})")
 
-    def _view(self, nodes: tuple[Node, ...], pipe: str, op_of) -> tuple:
-        """The instructions of one pipe, loops kept (empty loops dropped)."""
-        out = []
+    def _views(self, nodes: tuple[Node, ...], op_of) -> dict[str, tuple]:
+        """Each pipe's instructions, loops kept (a pipe's empty loops dropped), in one walk of the program."""
+        out: dict[str, list] = {}
         for node in nodes:
-            if isinstance(node, Loop):
-                body = self._view(node.body, pipe, op_of)
-                if body and node.count > 0:
-                    out.append(CLoop(node.count, body, next(self._uid)))
-            elif node.pipe == pipe:
-                op = op_of(node)
-                if out and isinstance(out[-1], Op) and self.spans is None and _chains(out[-1], op):
-                    op = _chain(out[-1], op)
-                    out.pop()
-                out.append(op)
-        return tuple(out)
+            if node.__class__ is Loop:
+                if node.count > 0:
+                    for pipe, body in self._views(node.body, op_of).items():
+                        out.setdefault(pipe, []).append(CLoop(node.count, body, next(self._uid)))
+                continue
+            op = op_of(node)
+            view = out.get(node.pipe)
+            if view is None:
+                out[node.pipe] = [op]
+                continue
+            last = view[-1]
+            if last.__class__ is Op and self.spans is None and _chains(last, op):
+                view[-1] = _chain(last, op)
+            else:
+                view.append(op)
+        return {pipe: tuple(view) for pipe, view in out.items()}
 
     def _compile(self, ins: Instr, core: str, waits: tuple[Flag, ...], sets) -> Op:
         chip = self.chip
@@ -447,23 +479,21 @@ class Simulation:
                   -1.0 if flows else work)
 
     # ------------------------------------------------------------------------------------------------ execution
-    def transfer(self, runner: Runner, op: Op) -> simpy.Event:
-        """Start the op's flows; the returned event fires when the last one finishes."""
-        event = self.env.event()
+    def transfer(self, runner: Runner, op: Op) -> None:
+        """Start the op's flows; the runner wakes when the last one finishes."""
         if len(op.flows) == 1:
             server, size, cap = op.flows[0]
-            server.start(Flow(runner.index, size, cap, runner.weight, event.succeed))
-            return event
+            server.start(Flow(runner.index, size, cap, runner.weight, runner.wake))
+            return
         left = [len(op.flows)]
 
         def done():
             left[0] -= 1
             if not left[0]:
-                event.succeed()
+                runner.wake()
 
         for server, size, cap in op.flows:
             server.start(Flow(runner.index, size, cap, runner.weight, done))
-        return event
 
     def raise_later(self, flag: Flag, delay: float) -> None:
         token = (flag, self.env.now + delay)
@@ -480,14 +510,15 @@ class Simulation:
         env = self.env
         for runner in self.runners:
             if runner.act != DONE:
-                env.process(runner.process())
-        step = env.step
-        try:
-            while True:
-                step()
-                self.events += 1
-        except EmptySchedule:
-            pass
+                runner.launch()
+        queue, events = env._queue, 0
+        while queue:  # simpy's Environment.step inlined (no event here ever fails)
+            env._now, _, _, event = heappop(queue)
+            callbacks, event.callbacks = event.callbacks, None
+            for callback in callbacks:
+                callback(event)
+            events += 1
+        self.events += events
         stuck = [r for r in self.runners if r.act != DONE]
         if stuck:
             r = stuck[0]
@@ -531,7 +562,7 @@ class Simulation:
                 frames.append(f)
             totals.extend((r.busy, r.ops, r.sync))
         for flag in self.flags:
-            key.append((flag.count, tuple(w.index for w, _ in flag.waiters)))
+            key.append((flag.count, tuple(w.index for w in flag.waiters)))
         if self.barrier is not None:
             key.append((self.barrier.arrived, self.barrier.pending, len(self.barrier.waiters)))
         for server in self.servers.values():
