@@ -10,9 +10,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import npusim
+from npusim.engine import layout
+from npusim.engine.sim import Simulation
 from npusim.errors import NpusimError
 from npusim.graph.ops import Op
 from npusim.kernels.catalog import kernel
+from npusim.kernels.trace import Loop
 from npusim.parallel import optime, step
 from npusim.spec import catalog
 from npusim.spec.chip import load_chip
@@ -134,6 +137,43 @@ def test_a_field_the_engine_reads_moves_the_kernel_time():
     base = optime.op_time(op, chip).time
     for path in ("hbm.bandwidth", "efficiency.hbm", "clock", "overheads.graph_launch"):
         assert optime.op_time(op, _perturbed(chip, path, 2.0)).time != base, path
+
+
+def _first_loop(trace, change):
+    """The trace with its first group's AIC program's first loop changed by `change` (a Loop -> a Loop)."""
+    g = trace.groups[0]
+    body = g.aic.body
+    i = next(i for i, n in enumerate(body) if isinstance(n, Loop))
+    aic = dataclasses.replace(g.aic, body=body[:i] + (change(body[i]),) + body[i + 1:])
+    return dataclasses.replace(trace, groups=(dataclasses.replace(g, aic=aic),) + trace.groups[1:])
+
+
+def _first_instruction(loop, **fields):
+    return dataclasses.replace(loop, body=(dataclasses.replace(loop.body[0], **fields),) + loop.body[1:])
+
+
+def test_engine_layout_is_shared_by_structure_and_missed_by_a_field_the_engine_reads():
+    """The engine lays a trace out once per structure (engine.layout): a copy whose instructions carry no
+    functional action shares it; another loop count, instruction size, initial flag count or group fold is a new
+    layout, and each times exactly as from an empty memo."""
+    chip = load_chip("910b2")
+    trace = kernel("gemm", {"m": 256, "n": 512, "k": 1024}).trace(chip)
+    g = trace.groups[0]
+    flag = next(iter(g.flags))
+    variants = [_first_loop(trace, lambda loop: dataclasses.replace(loop, count=loop.count + 1)),
+                _first_loop(trace, lambda loop: _first_instruction(loop, bytes=loop.body[0].bytes + 64)),
+                dataclasses.replace(trace, groups=(dataclasses.replace(g, flags=g.flags | {flag: 1}),)),
+                dataclasses.replace(trace, groups=(dataclasses.replace(g, copies=g.copies - 1),))]
+    layout.clear()
+    laid = layout.layout(trace)
+    assert layout.layout(_first_loop(trace, lambda loop: _first_instruction(loop, action=None))) is laid
+    for variant in variants:
+        assert layout.layout(variant) is not laid
+        warm = Simulation(variant, chip).run()
+        layout.clear()
+        cold = Simulation(variant, chip).run()
+        assert (warm.time, warm.events) == (cold.time, cold.events)
+        laid = layout.layout(trace)
 
 
 def test_spec_memo_sees_a_rewritten_file(bad_chip):

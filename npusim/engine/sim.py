@@ -96,7 +96,8 @@ import simpy
 from simpy.events import NORMAL
 
 from npusim.errors import NpusimError
-from npusim.kernels.trace import CORE_PIPES, Instr, Loop, Node, Trace
+from npusim.kernels.trace import CORE_PIPES, Instr, Trace
+from npusim.engine.layout import GroupLayout, LoopView, layout
 from npusim.engine.servers import FluidServer, Flow
 from npusim.spec.chip import Chip
 
@@ -200,10 +201,10 @@ class Runner:
     instruction."""
 
     __slots__ = ("sim", "index", "group", "core", "pipe", "weight", "stack", "act", "start", "end", "flag",
-                 "lead", "busy", "ops", "sync", "unbarred", "event", "resume")
+                 "lead", "busy", "ops", "sync", "starts", "unbarred", "event", "resume")
 
     def __init__(self, sim: "Simulation", index: int, group: int, core: str, pipe: str, weight: int, body: CLoop,
-                 unbarred: bool = False):
+                 starts: int, unbarred: bool = False):
         self.sim = sim
         self.index = index
         self.group = group
@@ -218,6 +219,7 @@ class Runner:
         self.busy = 0.0  # seconds the pipe was occupied (one copy)
         self.ops = 0  # instructions executed (one copy)
         self.sync = 0.0  # cross-core hand-off latency issued (one copy)
+        self.starts = starts  # loop iterations its stream starts in all (the most frequent starter paces snapshots)
         self.unbarred = unbarred  # its program has no sync_all: a barrier waits for it to finish
         self.event = simpy.Event(sim.env)  # the one event the runner waits for at a time, scheduled again each time
         self.resume: tuple = ()  # its callbacks: the stream's generator resumed
@@ -354,11 +356,12 @@ class Simulation:
         self.history: dict[tuple[int, int], list[Snapshot]] = {}
         self.events = 0
         self.extrapolated = 0.0
-        for g, group in enumerate(trace.groups):
+        self.held: list[Runner] = []  # the runners whose stream holds a sync_all
+        for g, group in enumerate(layout(trace)):
             self._build_group(g, group)
-        held = [r for r in self.runners if any(op.barrier for op in _ops(r.stack[0].loop))]
-        self.barrier = Barrier(sum(r.weight for r in held),  # free streams (address arithmetic) never hold it
-                               sum(r.weight for r in self.runners if r.unbarred and r.act != DONE)) if held else None
+        unbarred = sum(r.weight for r in self.runners if r.unbarred and r.act != DONE)
+        # free streams (address arithmetic) never hold the barrier
+        self.barrier = Barrier(sum(r.weight for r in self.held), unbarred) if self.held else None
         self.pacer: Runner | None = None
         if compress:
             self.elect_pacer()
@@ -367,74 +370,43 @@ class Simulation:
         return next(self._serial)
 
     # ------------------------------------------------------------------------------------------------- building
-    def _build_group(self, g: int, group) -> None:
-        programs = group.programs
-        cores = [p.core if p.core == "aic" else f"aiv{i - (1 if group.aic else 0)}" for i, p in enumerate(programs)]
-        waiters: dict[str, set[str]] = {n: set() for n in group.flags}  # flag -> the cores that wait on it
-        barred = set()  # the cores whose program holds a sync_all
-        for core, prog in zip(cores, programs):
-            for ins in _instrs(prog.body):
-                for n in ins.set:
-                    waiters.setdefault(n, set())
-                for n in ins.wait:
-                    waiters.setdefault(n, set()).add(core)
-                if ins.op == "sync_all":
-                    barred.add(core)
-        names = sorted(waiters)
-        flags = {n: Flag(n, len(self.flags) + i, group.flags.get(n, 0)) for i, n in enumerate(names)}
+    def _build_group(self, g: int, group: GroupLayout) -> None:
+        flags = {n: Flag(n, len(self.flags) + i, count) for i, (n, count) in enumerate(group.flags)}
         self.flags.extend(flags.values())
         sync = self.chip.overheads.cross_core_sync
-        for core, prog in zip(cores, programs):
-            if prog.core not in CORE_PIPES:
-                raise NpusimError(f"{self.trace.kernel}: program on unknown core kind '{prog.core}' (aic or aiv)")
-            compiled: dict[tuple, Op] = {}
+        for prog in group.programs:
+            ops = [self._compile(ins, prog.kind, tuple(flags[n] for n in ins.wait),
+                                 tuple((flags[n], sync if far else 0.0) for n, far in zip(ins.set, remote)))
+                   for ins, remote in zip(prog.instrs, prog.remote)]
+            for pipe in CORE_PIPES[prog.kind]:
+                view = prog.views.get(pipe)
+                if not view:
+                    continue
+                runner = Runner(self, len(self.runners), g, prog.core, pipe, group.copies,
+                                CLoop(1, self._body(view, ops), next(self._uid)), prog.starts[pipe],
+                                not prog.barrier)
+                self.runners.append(runner)
+                if pipe in prog.held:
+                    self.held.append(runner)
+                if _free(runner.stack[0].loop):
+                    runner.busy, runner.ops = _closed_form(runner.stack[0].loop)
+                    runner.act = DONE
+                    self.free.append(runner)
 
-            def op_of(ins: Instr) -> Op:
-                # by what _compile reads: a tiling writes a few dozen distinct instructions as many objects
-                key = (ins.pipe, ins.op, ins.bytes, ins.flops, ins.dtype, ins.src, ins.dst, ins.wait, ins.set, ins.hit,
-                       ins.issues)
-                op = compiled.get(key)
-                if op is None:
-                    sets = tuple((flags[n], sync if waiters[n] - {core} else 0.0) for n in ins.set)
-                    op = compiled[key] = self._compile(ins, prog.core, tuple(flags[n] for n in ins.wait), sets)
-                return op
-
-            views = self._views(prog.body, op_of)
-            if set(views) - set(CORE_PIPES[prog.core]):
-                bad = sorted(set(views) - set(CORE_PIPES[prog.core]))[0]
-                raise NpusimError(f"{self.trace.kernel}: an {prog.core.upper()} has no pipe '{bad}' "
-                                  f"(its pipes: {', '.join(CORE_PIPES[prog.core])})")
-            for pipe in CORE_PIPES[prog.core]:
-                body = views.get(pipe)
-                if body:
-                    runner = Runner(self, len(self.runners), g, core, pipe, group.copies,
-                                    CLoop(1, body, next(self._uid)), core not in barred)
-                    self.runners.append(runner)
-                    if _free(runner.stack[0].loop):
-                        runner.busy, runner.ops = _closed_form(runner.stack[0].loop)
-                        runner.act = DONE
-                        self.free.append(runner)
-
-    def _views(self, nodes: tuple[Node, ...], op_of) -> dict[str, tuple]:
-        """Each pipe's instructions, loops kept (a pipe's empty loops dropped), in one walk of the program."""
-        out: dict[str, list] = {}
-        for node in nodes:
-            if node.__class__ is Loop:
-                if node.count > 0:
-                    for pipe, body in self._views(node.body, op_of).items():
-                        out.setdefault(pipe, []).append(CLoop(node.count, body, next(self._uid)))
+    def _body(self, view: tuple, ops: list[Op]) -> tuple:
+        """A pipe's view compiled: its ops (on-core runs chained unless spans are recorded) and loops."""
+        out: list = []
+        for node in view:
+            if node.__class__ is LoopView:
+                out.append(CLoop(node.count, self._body(node.body, ops), next(self._uid)))
                 continue
-            op = op_of(node)
-            view = out.get(node.pipe)
-            if view is None:
-                out[node.pipe] = [op]
-                continue
-            last = view[-1]
+            op = ops[node]
+            last = out[-1] if out else None
             if last.__class__ is Op and self.spans is None and _chains(last, op):
-                view[-1] = _chain(last, op)
+                out[-1] = _chain(last, op)
             else:
-                view.append(op)
-        return {pipe: tuple(view) for pipe, view in out.items()}
+                out.append(op)
+        return tuple(out)
 
     def _compile(self, ins: Instr, core: str, waits: tuple[Flag, ...], sets) -> Op:
         chip = self.chip
@@ -533,7 +505,7 @@ class Simulation:
         """The unfinished runner that starts loop iterations most often takes the snapshots (one is enough: the
         snapshot covers the whole chip, and more takers would only multiply the cost)."""
         live = [r for r in self.runners if r.act != DONE]
-        self.pacer = max(live, key=lambda r: _iterations(r.stack[0].loop)) if live else None
+        self.pacer = max(live, key=lambda r: r.starts) if live else None
 
     def on_iteration(self, runner: Runner, frame: Frame) -> None:
         if runner is not self.pacer:
@@ -629,12 +601,6 @@ class Simulation:
             del self.history[key]
 
 
-def _iterations(loop: CLoop) -> int:
-    """How many loop iterations a compiled body starts in all."""
-    inner = sum(_iterations(n) for n in loop.body if isinstance(n, CLoop))
-    return loop.count * (1 + inner)
-
-
 def _chains(a: Op, b: Op) -> bool:
     """Whether b can run as part of a: both on-core (fixed durations), nobody sees a end (no sets) and b starts
     the moment a ends (no waits). The chain then takes exactly the time of the two issued back to back."""
@@ -671,14 +637,5 @@ def _ops(loop: CLoop):
     for node in loop.body:
         if isinstance(node, CLoop):
             yield from _ops(node)
-        else:
-            yield node
-
-
-def _instrs(body: tuple[Node, ...]):
-    """Every instruction of a body once (loops not multiplied)."""
-    for node in body:
-        if isinstance(node, Loop):
-            yield from _instrs(node.body)
         else:
             yield node

@@ -110,6 +110,11 @@ class Trace:
 
     def pipe_totals(self) -> dict[str, dict[str, float]]:
         """Per pipe: instruction count, bytes and FLOPs summed over all cores."""
+        return {p: dict(c) for p, c in self._pipe_totals.items()}
+
+    @functools.cached_property
+    def _pipe_totals(self) -> dict[str, dict[str, float]]:
+        """pipe_totals, summed once per trace (a sweep times one trace on many chips, each time reading them)."""
         out: dict[str, Counter] = {p: Counter() for p in PIPES}
         for _, ins, mult in self.instructions():
             c = out[ins.pipe]

@@ -81,12 +81,15 @@ def evaluate(point: Point, params: CostParams = CostParams()) -> dict:
 
 
 def forget() -> None:
-    """Empty every in-process memo a prediction fills (specs, tile traces, kernel results, op times, layer times):
-    the next point runs cold, as in a fresh process (benchmarks, and the tests that compare with unmemoised runs)."""
+    """Empty every in-process memo a prediction fills (specs, tile traces, engine layouts, kernel results, op times,
+    layer times): the next point runs cold, as in a fresh process (benchmarks, and the tests that compare with
+    unmemoised runs)."""
+    from npusim.engine import layout
     from npusim.engine.result import clear_memo
     from npusim.parallel import optime, step
     catalog.clear_loaded()
     optime.clear_memos()
+    layout.clear()
     clear_memo()
     step.clear_layer_memo()
 
