@@ -125,6 +125,23 @@ def added_per_layer(small: str, large: str, top: int = 8) -> pd.DataFrame:
     return pd.DataFrame({"small_us": a[d.index], "large_us": b[d.index], "added_us": d}).head(top)
 
 
+def indexer_costs() -> dict[str, float]:
+    """The quantised indexer's per-block vector work and its LD merge at one 128K sequence per A3 die (A20), from the
+    kernel's own plan and the sort/merge rates it charges (models.md §3.4): an estimate for the text, the engine
+    times the trace."""
+    from npusim.kernels.indexer import LightningIndexer, block_topk_cycles, topk_cycles
+    from npusim.spec.chip import load_chip
+
+    chip = load_chip("910c-die")
+    rate = chip.clock * chip.efficiency.vector
+    li = LightningIndexer(4, 131072, 64, 128, 2048, batch=1, causal=0, dtype="int8")
+    plan = li.plan(chip)
+    lists = li.split_core(plan, chip.aic.count)[0][-1].parts
+    per_list = topk_cycles(chip, li.topk, presorted=True)[0] * li.topk / rate
+    return {"block_us": block_topk_cycles(li.topk, plan.bn, False) / rate * 1e6, "lists": lists,
+            "ld_us": lists * plan.tb / 2 * per_list * 1e6}
+
+
 # ------------------------------------------------------------------------------------------ step by op kind
 GROUPS = {"sparse_flash_attention": "attention", "flash_attention": "attention", "v4_attention": "attention",
           "lightning_indexer": "indexer", "grouped_gemm": "routed experts (grouped GEMM)", "gemm": "GEMM",
@@ -228,6 +245,7 @@ def main() -> None:
     terms = v32_terms()
     add19 = added_per_layer(V32_ROWS[0][1], V32_ROWS[1][1])
     add21 = added_per_layer(V32_ROWS[2][1], V32_ROWS[3][1])
+    li = indexer_costs()
     a18 = row(V32_ROWS[0][1])
     prolog = {k: predict(a18, **x) for k, x in (("off", {}), ("on", {"plan.fusion.mla_prolog": "true"}))}
     a3_base = predict(A3_FLASH).tpot
@@ -299,16 +317,28 @@ What one launch of the MoE layer gains, A18 -> A19 (8 more query tokens per die)
 
 - **Context-proportional work is the indexer's alone.** The lightning indexer scores every cached key of each
   sequence for each query token; SFA gathers the top 2048 whatever the context. The deployment calls
-  `npu_quant_lightning_indexer` (cann-recipes-infer models/deepseek_v3_2_exp/models/indexer.py:548 @ fbc225d), whose
-  kernel cuts the work into base blocks of M_BASE_SIZE 256 rows (256 / 64 heads = 4 query tokens: one MTP3
-  sequence) by S2_BASE_SIZE 2048 keys, deals all sequences' blocks contiguously and evenly over the cores (SplitCore)
-  and merges a sequence split over cores on its first core (isLD) (ops-transformer attention/quant_lightning_indexer/
-  op_kernel/quant_lightning_indexer_kernel.h, mirror ckorikov/cann-ops-transformer @ 5b210dd). npusim's quantised
-  tiler uses 2-token x 512-key blocks with key ranges and prices the indexer vector-bound (its top-k); the published
-  context term is {terms.loc['published', 'per_G_token_keys_ms'] / terms.loc['npusim', 'per_G_token_keys_ms']:.1f}x
-  npusim's. There is no measured A3 quantised-indexer row at decode shapes (kernels.md's LI rows are fp16, or
-  prefill), so the per-key cost cannot be checked here; the tiler (npusim/kernels/indexer.py) is the kernels
-  helper's and is left to it.
+  `npu_quant_lightning_indexer` (cann-recipes-infer models/deepseek_v3_2_exp/models/indexer.py:548 @ fbc225d), and
+  npusim runs its kernel as the source has it (ops-transformer attention/quant_lightning_indexer/op_kernel, mirror
+  ckorikov/cann-ops-transformer @ 5b210dd; npusim/kernels/indexer.py): base blocks of M_BASE_SIZE 256 rows (256 / 64
+  heads = 4 query tokens: one MTP3 sequence) by S2_BASE_SIZE 2048 keys, all sequences' blocks dealt contiguously and
+  evenly over the 24 cores (SplitCore). Per block the AIC runs C1 on the INT8 cube (128-key K slices from HBM,
+  DEQF16 + ReLU in FIXPIPE) and the head-weight reduction on the cube a token at a time; each AIV takes two tokens,
+  scales their 2048 scores by the key scales and sorts and merges them into the token's running 2048-list (Sort32,
+  three MrgSort levels, one merge; {li['block_us']:.1f} us per token and block at models.md §3.4's rates, every step
+  behind a PipeBarrier): the block is vector-bound, the AIC's K slices taking about as long. A sequence cut over
+  cores is merged on its first core after the SyncAll (isLD, ProcessLD): at one 128K sequence per die (A20) its 64
+  blocks lie over all 24 cores and the first core's AIVs merge {li['lists']} lists per token, about
+  {li['ld_us']:.0f} us at npusim's merge rate after a main loop of three blocks, so the small-batch rows grow
+  (A20 {e('A20')}) as much as the large-batch ones: the context-proportional term is now
+  {terms.loc['npusim', 'per_G_token_keys_ms'] / terms.loc['published', 'per_G_token_keys_ms']:.0%} of the published
+  (the published {terms.loc['published', 'per_G_token_keys_ms'] / terms.loc['npusim', 'per_G_token_keys_ms']:.1f}x
+  npusim's), but the floor rises with the LD and the per-sequence term falls. What remains is unchecked: kernels.md
+  has no measured quantised-indexer row (section D's LI rows are the fp16 / bf16 kernels; K140 is the indexer
+  prolog), so neither the per-block sort/merge nor the LD merge rate is measured on this kernel. npusim prices the
+  A3 bf16 rows K128-K133, whose AIVs sort and merge the same way, 9-45 % too fast (kernel_diagnosis.md: ~15 us per
+  8-token block at K128 where npusim spends 7.7); at K128's rate the quantised kernel's per-block cost would about
+  double, the size of the missing context term, at K129-K133's it would grow 10-25 %. Not charged: there is no
+  quantised row to fit it on, and the bf16 rows are left as they are.
 - **SFA is already the batched kernel the deployment launches.** The deployment calls
   `npu_kv_quant_sparse_flash_attention` (models/deepseek_v3_2_exp/models/modeling_deepseek.py:1653); the arch22 SFA
   kernel deals whole query tokens to the cores: one base unit per query token (its 128 heads, mBaseSize = gSize,

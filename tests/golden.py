@@ -96,6 +96,7 @@ CASES: list[tuple[str, dict, str, int]] = [
     (_LI, {"tokens": 16, "keys": 1100, "heads": 32, "topk": 100}, "910b2", 0),
     (_LI, {"tokens": 1, "keys": 5000, "heads": 64, "topk": 300, "causal": 0}, "910b2", 0),
     (_LI, {"tokens": 4, "keys": 3000, "heads": 64, "topk": 200, "dtype": "int8"}, "910b2", 0),
+    (_LI, {"tokens": 4, "keys": 65536, "batch": 2, "causal": 0, "dtype": "int8"}, "910c-die", 0),
     (_LI, {"tokens": 20, "keys": 700, "heads": 64, "topk": 64, "dtype": "fp8"}, "950pr", 0),
     (_LI, {"tokens": 100, "keys": 100, "heads": 64, "topk": 32, "block_m": 128, "block_n": 32}, "910b2", 0),
     (_LI, {"tokens": 101, "keys": 230, "heads": 64, "topk": 48, "dtype": "int8", "block_m": 128, "block_n": 64},

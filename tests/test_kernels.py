@@ -70,16 +70,25 @@ def test_no_fp8_cube_on_910b(chip):
 
 
 def test_lightning_indexer_matches_huawei_block(chip):
-    """512 x 512 basic block, Q resident in L1 (128 KB) beside K triple-buffered in 256-key halves (192 KB). INT8:
-    the fp16 S' chunks and block-diagonal head weights of the cube head reduction (models.md §3.4, Mat-Duce);
-    bf16 on dav-c220: 8 tokens x 64 heads, C1 only on the cube, its per-head fp32 scores weighted and reduced on the
-    AIVs (ops-transformer arch22), so L1 holds Q and K alone and UB a 16-head group double-buffered."""
-    i8 = catalog.kernel("lightning_indexer", {"tokens": 4096, "keys": 65536, "causal": 0, "dtype": "int8"})
-    t = i8.trace(chip)
+    """The 950's FP8 Mat-Duce: 512 x 512 basic block, Q resident in L1 (64 KB) beside K triple-buffered in 256-key
+    halves (96 KB), the fp16 S' chunks and block-diagonal head weights of the cube head reduction (models.md §3.4).
+    INT8 on dav-c220, the QuantLightningIndexer's InitBuffers: 256 rows x 2048 keys, Q (32 KB) and W~ (8 KB)
+    double-buffered, K in two 128-key slices (16 KB each), two S' chunks of 128 x 128 fp16 (32 KB each); L0B two K
+    slices and two one-token S' pieces, L0C the two 64 KB buffers C1 and the head reduction share. bf16 on dav-c220:
+    8 tokens x 64 heads, C1 only on the cube, its per-head fp32 scores weighted and reduced on the AIVs (ops-transformer
+    arch22), so L1 holds Q and K alone and UB a 16-head group double-buffered."""
+    p8 = catalog.kernel("lightning_indexer", {"tokens": 4096, "keys": 65536, "causal": 0, "dtype": "fp8"})
+    t = p8.trace(load_chip("950pr"))
     assert t.tiling["block_m"] == 512 and t.tiling["block_n"] == 512
     c_m, c_n, _ = t.tiling["l0_chunk"]
     assert t.buffers["l1"] == 64 * 1024 + 96 * 1024 + 2 * 2 * c_m * c_n + 2 * 16 * 512
-    assert t.tiling["head_reduction"].startswith("cube")
+    assert t.tiling["head_reduction"] == "cube (Mat-Duce)"
+    i8 = catalog.kernel("lightning_indexer", {"tokens": 4096, "keys": 65536, "causal": 0, "dtype": "int8"})
+    t = i8.trace(chip)
+    assert (t.tiling["block_m"], t.tiling["block_n"], t.tiling["l0_chunk"]) == (256, 2048, (128, 128, 128))
+    assert t.buffers["l1"] == 2 * (32 + 8) * 1024 + 2 * 16 * 1024 + 2 * 32 * 1024
+    assert (t.buffers["l0b"], t.buffers["l0c"]) == (64 * 1024, 128 * 1024)
+    assert t.tiling["head_reduction"].startswith("cube per token")
     bf = catalog.kernel("lightning_indexer", {"tokens": 4096, "keys": 65536, "causal": 0}).trace(chip)
     assert bf.tiling["block_m"] == 512 and bf.tiling["head_reduction"].startswith("vector")
     assert bf.buffers["l1"] == 128 * 1024 + 192 * 1024
@@ -136,6 +145,27 @@ def test_indexer_splitcore_runs_are_contiguous_and_even():
     assert simulate(k133.trace(a3), a3, launch="device").time == pytest.approx(224.6e-6, rel=0.15)
 
 
+def test_quantised_indexer_deals_one_sequence_per_block_over_the_cores():
+    """The dav-c220 QuantLightningIndexer at A18's decode shape (2 sequences x 4 MTP3 tokens, 64K keys, a 910C die):
+    one 256-row x 2048-key block per (sequence, key tile), the 64 blocks dealt 3 to the first 16 cores and 2 to the
+    last 8, each sequence cut over the cores and merged by its first core after the SyncAll (isLD, ProcessLD); each
+    AIV scores, sorts and merges its two tokens' 2048 keys every block, behind PipeBarriers (ProcessVec1)."""
+    from npusim.kernels.indexer import DEQ_PASSES, LightningIndexer, sort_chain
+
+    chip = load_chip("910c-die")
+    li = LightningIndexer(4, 65536, 64, 128, 2048, batch=2, causal=0, dtype="int8")
+    p = li.plan(chip)
+    assert (p.tb, p.bn, p.c_m, p.c_n, p.nr, p.kmajor) == (4, 2048, 128, 128, 2, True)
+    runs = li.split_core(p, chip.aic.count)
+    assert [sum(x.steps for x in r) for r in runs] == [3] * 16 + [2] * 8
+    assert [r[-1].row for r in runs if r[-1].part == 0 and not r[-1].whole] == [0, 1]
+    t = li.trace(chip)
+    assert t.tiling["units"] == "SplitCore: 64 blocks over 24 cores"
+    issues = {i.op: i.issues for _, i, _ in t.instructions() if i.pipe == "vector"}
+    assert (issues["scores"], issues["topk_merge"], sort_chain(2048)) == (DEQ_PASSES, 6, 6)
+    assert sum(i.op == "load_k" for _, i, _ in t.instructions()) >= 16
+
+
 def test_indexer_reads_a_paged_cache_page_by_page():
     """PA_BSND keys (kernels.md K138: 16-key blocks) come one DMA per page; the AIC's MTE2 issues them one after
     another (aic mte2 issue_cycles, from K138's raw profile), so small pages cost time where 128-key pages do not."""
@@ -182,8 +212,9 @@ def test_indexer_quantised_variant_follows_the_op_dtype(chip):
 
 
 def test_indexer_buffering_is_the_depth_of_its_double_buffered_queues():
-    """A plan's buffering reaches the indexer as the depth of its double-buffered queues (the L0 chunks, S' and the
-    UB scores here, the INT8 Mat-Duce kernel): K keeps its three half-tile buffers and the score workspace its two named slots; buffer use
+    """A plan's buffering reaches the indexer as the depth of its double-buffered queues (the L0 chunks, the UB
+    scores and the two K slices here, the INT8 QuantLightningIndexer): the score workspace keeps its two named slots
+    and S' in L1 its two buffers (C1 of a chunk runs before the head reduction of the one before); buffer use
     follows the depth, and single buffering is never faster."""
     from npusim.parallel.optime import kernel_trace
 
@@ -191,8 +222,8 @@ def test_indexer_buffering_is_the_depth_of_its_double_buffered_queues():
     k = catalog.kernel("lightning_indexer", {"tokens": 8, "keys": 4096, "topk": 512, "causal": 0, "dtype": "int8"})
     single, double = kernel_trace(k, chip, 1), kernel_trace(k, chip, 0)
     depth = lambda t, f: t.groups[0].flags[f]  # noqa: E731
-    assert [depth(single, f) for f in ("kb.free", "s1.free", "ub.free0", "k.free", "ws0.free0")] == [1, 1, 1, 3, 1]
-    assert [depth(double, f) for f in ("kb.free", "s1.free", "ub.free0", "k.free", "ws0.free0")] == [2, 2, 2, 3, 1]
+    assert [depth(single, f) for f in ("kb.free", "s1.free", "ub.free0", "k.free", "ws0.free0")] == [1, 2, 1, 1, 1]
+    assert [depth(double, f) for f in ("kb.free", "s1.free", "ub.free0", "k.free", "ws0.free0")] == [2, 2, 2, 2, 1]
     assert single.buffers["l0b"] == double.buffers["l0b"] / 2 and single.tiling["buffering"] == 1
     assert simulate(single, chip).time >= simulate(double, chip).time
 

@@ -1,13 +1,13 @@
 """Lightning Indexer: I[t,s] = sum_j w[t,j] ReLU(q[t,j] . k[s]) and its exact top-k per token (models.md §1.3).
 
-Huawei's tiling with the head reduction on the cube ("Mat-Duce", models.md §3.4): a basic block of `block_m` query
-rows (block_m / heads tokens x heads) by `block_n` keys. The AIC keeps Q resident in L1 and triple-buffers K in
-half-tile slices; per L0 chunk (c_m rows = whole tokens, c_n keys) C1 = Q K^T goes to L0C, FIXPIPE applies ReLU
-(and the INT8/FP8 dequant, DEQF16) on its way into L1 as fp16 S', and a second cube matmul P = W~ S' over the heads
-(W~ block-diagonal: each token's head weights, with the per-token-head query scales folded in) leaves only the
-head-summed [tokens x keys] scores. Those go through a small GM/L2 workspace to the two AIVs, which apply the key
-scale (quantised variants) and the causal mask and merge them into a running exact top-k, whose cost follows the
-sort/merge model (A2/A3) or radix select (950).
+Huawei's tiling with the head reduction on the cube ("Mat-Duce", models.md §3.4; the 950's): a basic block of
+`block_m` query rows (block_m / heads tokens x heads) by `block_n` keys. The AIC keeps Q resident in L1 and
+triple-buffers K in half-tile slices; per L0 chunk (c_m rows = whole tokens, c_n keys) C1 = Q K^T goes to L0C,
+FIXPIPE applies ReLU (and the INT8/FP8 dequant, DEQF16) on its way into L1 as fp16 S', and a second cube matmul
+P = W~ S' over the heads (W~ block-diagonal: each token's head weights, with the per-token-head query scales folded
+in) leaves only the head-summed [tokens x keys] scores. Those go through a small GM/L2 workspace to the two AIVs,
+which apply the key scale (quantised variants) and the causal mask and merge them into a running exact top-k, whose
+cost follows the sort/merge model (A2/A3) or radix select (950).
 
 The bf16/fp16 kernel of dav-c220 (A2/A3; ops-transformer attention/lightning_indexer/op_kernel/arch22, models.md
 §3.4's A3 flow) keeps only C1 on the cube: blocks of `s1_base` tokens (8) x heads rows by 512 keys, FIXPIPE's ReLU
@@ -19,6 +19,21 @@ tokens caches four sorted blocks per merge), a finished row only extracted. Meas
 msprof, 910B3): vec0 holds 3 of 5 tokens per block (vector 47.2 us, 3.15 us per token-block; vec1 32.2 us for 2),
 the AIC's FIXPIPE writes 0.66 MB per block (23.9 us at ~128 GB/s), the cube is 21 % busy.
 
+The INT8 kernel of dav-c220 (QuantLightningIndexer, the deployment's npu_quant_lightning_indexer; ops-transformer
+attention/quant_lightning_indexer/op_kernel, read at the mirror ckorikov/cann-ops-transformer 5b210dd:
+quant_lightning_indexer_kernel.h, _service_cube.h, _service_vector.h, _vector.h; cann-recipes-infer's
+lightning_indexer_quant custom op is the same kernel) keeps the Mat-Duce split: blocks of M_BASE_SIZE 256 rows
+(ceil(256 / heads) tokens: one MTP3 sequence at 64 heads) by S2_BASE_SIZE 2048 keys. Per block the AIC (ComputeMm1)
+walks 128-key chunks, each K slice loaded into L1 on its own (two buffers), and for both 128-row chunks C1 on the
+INT8 cube (Q into L0A again each time), FIXPIPE's DEQF16 + ReLU into L1 as fp16 S', then, one chunk behind, the head
+reduction on the cube one token at a time (16 x 64 W~ by 64 x 128 S', C1 and it sharing L0C's two buffers) and its
+rows straight out to the workspace. Each AIV takes half the block's tokens one by one (ProcessVec1): the token's
+2048 scores and the block's key scales in (one DMA per page of a paged cache), five barrier-separated passes (Cast
+and Mul of the key scales, Duplicate, Adds of scores and indices: DEQ_PASSES), the block sorted (Sort32, three
+MrgSort levels) and merged into the token's running 2048-list (MergeSort, no cache of sorted blocks), every step
+behind a PipeBarrier (`sort_chain`). The W~ the AIC loads (W x query scale, Brcb to 16 rows) is made by vec0 once
+per query block (ProcessVec0) and is an input here.
+
 How the dav-c220 launch is cut: as the kernel's SplitCore does (`split_core`; lightning_indexer_kernel_arch22.h,
 read at hicann/ops-transformer 0d8dd3e): every (sequence, query block, key tile) block in order, the causal count
 per query block from the mask, core c a contiguous run of floor(total / cores) blocks, one more for the first
@@ -27,7 +42,11 @@ top-ks as partials, and after a SyncAll the block's first core merges them (Proc
 tokens). The workspace slot alternates over a core's whole run (loop % 2), so the AIC computes block i + 1 while
 the AIVs take block i, across query blocks too. The tiling host gives the kernel every core (usedCoreNum = block
 dim) and 8-token blocks for topk <= 2048 (S1_BASE_SIZE 8 in lightning_indexer_tiling.cpp; the older
-cann-recipes-infer custom op, 98946b6, used ceil(512 / G) tokens). A run is written whole blocks first and its
+cann-recipes-infer custom op, 98946b6, used ceil(512 / G) tokens). The quantised kernel deals its blocks by the
+same SplitCore (GetTotalBaseBlockNum, SplitCore, isLD; quant_lightning_indexer_tiling.cpp: usedCoreNum = block dim)
+and merges a split sequence's partial 2048-lists on its first core after the SyncAll (ProcessLD, MrgSort4 of up
+to four lists): at decode one sequence of 128K keys is 64 blocks cut over all 24 cores of a 910C die, and the
+first core's AIVs merge 24 lists per token. A run is written whole blocks first and its
 split pieces as one unit of two parts after them (`Launch.core_run` says why), and cores with the same run's
 shape fold into one group (base.place). Limit: an uneven causal triangle over many query blocks (the pairing
 condition below) keeps npusim's paired units: there SplitCore gives each core a run of query blocks of its own
@@ -35,7 +54,7 @@ lengths (core 0 thousands of 1-tile blocks at 128K), whose loops never recur tog
 steady-state jumps compress; the paired units give every core the same blocks within one pair (the serving
 graphs' indexer is non-causal, so this is the kernel rows' K134 and the long causal tests).
 
-How the Mat-Duce launch (and that limit) is cut into units of equal work, each one loop of key-tile steps:
+How the 950's Mat-Duce launch (and that limit) is cut into units of equal work, each one loop of key-tile steps:
   * decode and short prefills (few query blocks): smaller blocks, and each block's keys split into ranges over the
     cores (as many as pay for their merge); each range yields a partial top-k in GM, and after an all-core barrier
     (SyncAll) one vector core per token merges the ranges;
@@ -43,10 +62,11 @@ How the Mat-Duce launch (and that limit) is cut into units of equal work, each o
     triangle is one loop of identical units, Q of both resident; each step selects its query block and key tile.
 
 Written on the tile-program layer (npusim.kernels.program): the queues of `Queues` — on the AIC Q and W~ (L1),
-K (L1, three half-tile buffers), the row chunk's Q and W~ (L0A), K and S' chunks (L0B), S and P (L0C), S' (L1);
-the score workspace's two GM slots from the AIC to its AIVs; on each AIV the scores (UB), the running top-k and
-the partials being merged — between the stages of `Launch` (AIC: CopyInQ, CopyInK, LoadL0, C1, ReLU, C2,
-CopyOutScores; AIV: CopyInScores, Select, TopkInit, CopyOutTopk; after the SyncAll: MergePart, CopyOutMerged).
+K (L1, three half-tile buffers or two key-chunk slices), the row chunk's Q and W~ (L0A), K and S' chunks (L0B), S
+and P (L0C), S' (L1); the score workspace's two GM slots from the AIC to its AIVs; on each AIV the scores (UB), the
+running top-k and the partials being merged — between the stages of `Launch` (AIC: CopyInQ, CopyInK, LoadL0, C1,
+ReLU, C2, CopyOutScores; AIV: CopyInScores, Select, TopkInit, CopyOutTopk; after the SyncAll: MergePart,
+CopyOutMerged).
 A plan's `buffering` is the depth of the double-buffered queues (the layout is chosen for double buffering, so a
 deeper one that does not fit is refused); the running top-k's queue stays two deep at any buffering (a unit of
 two parts holds both). Known limit kept from the hand-written trace: with it two deep, a unit's first selection may
@@ -71,12 +91,18 @@ QUANTISED = ("int8", "fp8")  # q and k with per-(token, head) and per-key scales
 DEQ = 2.0 ** -10  # DEQF16: S' = fp16(S / 1024) for the quantised variants (models.md §3.4); 1024 folded into W~
 SCORE_DT = "fp16"  # S' and W~ in L1, the dtype of the head-reduction matmul (models.md §3.4 DEQF16)
 PREFILL_ROWS = 512  # query rows of Huawei's basic block (models.md §3.4)
+BLOCK_N = 512  # keys per block of that block and of the dav-c220 bf16 kernel (arch22 s2BaseSize)
+M_BASE = 256  # query rows per block of the dav-c220 QuantLightningIndexer (M_BASE_SIZE): ceil(256 / heads) tokens
+S2_BASE = 2048  # its keys per block (S2_BASE_SIZE)
 SHORTLIST = 2  # (block, key ranges) plans the tuner (npusim.engine.tune) times
 LAG = 2  # key chunks by which the head reduction trails C1 (FIXPIPE and MTE1 bring S' into L0B meanwhile)
 ELEMENT = {"bf16": "bf16", "fp16": "fp16", "int8": "int8", "fp8": "fp8e4m3"}  # functional format of q and k
 WS_HIT = 1.0  # the C->V score workspace: two slots of tb x bn fp32 per core, written and read at once (L2)
 S1_BASE = 8  # tokens per block of the dav-c220 kernel when topk <= 2048 (s1BaseSize; 8192 / topk x 2 above)
 HEAD_GROUP = 16  # heads an AIV scales per UB load in the dav-c220 kernel (groupInner_)
+# passes of the quantised dav-c220 kernel's AIV over a token's block before the sort, each behind a PipeBarrier
+# (ProcessVec1: Cast and Mul of the key scales, Duplicate of the sort buffer, Adds of the scores and of the indices)
+DEQ_PASSES = 5
 # a unit's part-1 offsets (sequence, first key tile, partial index) where it has no second part from elsewhere
 UNIT_DEFAULTS = {"db": Lin(0), "k1": Lin(0), "si1": Lin(0)}
 
@@ -103,6 +129,14 @@ def block_topk_cycles(k: int, bn: int, cached: bool) -> float:
     return sort + bn / 2 + merge / 4 if cached else sort + merge
 
 
+def sort_chain(bn: int) -> int:
+    """Vector instructions of the quantised dav-c220 kernel's sort and merge of one token's block, each behind a
+    PipeBarrier (ProcessVec1): Sort32, the MrgSort levels to bn (SortAll, with a DataCopy back after an even number
+    of them), the merge into the running list and its copy back (MergeSort)."""
+    runs = math.ceil(max(math.log2(bn) - 5, 0) / 2)
+    return 1 + runs + (runs % 2 == 0) + 2
+
+
 @dataclass(frozen=True)
 class Plan:
     """How one launch is cut. Blocks of `tb` tokens (rows = tb x heads) by `bn` keys per step; L0 chunks of `tpc`
@@ -123,6 +157,32 @@ class Plan:
     tps: int
     paired: bool
     vec: bool = False  # the head reduction on the vector cores (the dav-c220 kernel, see `vector_heads`)
+    dealt: bool = False  # blocks dealt by SplitCore and merged into running top-ks block by block (`dealt`)
+
+    @property
+    def kmajor(self) -> bool:
+        """The dav-c220 QuantLightningIndexer's C1 order (ComputeMm1): per key chunk its K slice into L1, then both
+        row chunks (Q into L0A again for each), each chunk's head-reduced scores out to the workspace at once."""
+        return self.dealt and not self.vec
+
+    @property
+    def k_slices(self) -> int:
+        """K loads per key tile: one per key chunk in that kernel (KeyNd2Nz), else two halves."""
+        return self.bn // self.c_n if self.kmajor else 2
+
+    @property
+    def lag(self) -> int:
+        """Chunks by which the head reduction trails C1: one in that kernel (ProcessWs after the next ProcessQk)."""
+        return 1 if self.kmajor else LAG
+
+    @property
+    def pieces(self) -> int:
+        """Head-reduction matmuls per chunk: one per token in that kernel (ComputeWs), else one block-diagonal."""
+        return self.tpc if self.kmajor else 1
+
+    def chunk(self, g: int) -> tuple[int, int]:
+        """(row chunk, key chunk) of a step's chunk g: key-major in that kernel, else row-major."""
+        return (g % self.nr, g // self.nr) if self.kmajor else divmod(g, self.bn // self.c_n)
 
     @property
     def parts(self) -> int:
@@ -192,8 +252,8 @@ class LightningIndexer(Kernel):
     batch: int = 1
     causal: int = 1
     dtype: str = "bf16"  # q/k: bf16, or int8 / fp8 with scales (the cube dtype of C1)
-    block_m: int = 0  # query rows per block (0 = the tiler's choice: PREFILL_ROWS, fewer for decode)
-    block_n: int = 512  # keys per block
+    block_m: int = 0  # query rows per block (0 = the kernel's, `base_rows`; fewer for decode on the 950)
+    block_n: int = 0  # keys per block (0 = the kernel's: S2_BASE for the quantised dav-c220 kernel, else BLOCK_N)
     splits: int = 0  # key ranges per query block (0 = the tiler's choice)
     buffering: int = 0  # depth of the double-buffered queues (0 = 2, as written)
     page: int = 0  # keys per block of a paged cache (PA_BSND's block size): one DMA per page; 0 = contiguous keys
@@ -202,15 +262,32 @@ class LightningIndexer(Kernel):
     def quantised(self) -> bool:
         return self.dtype in QUANTISED
 
+    def dealt(self, chip: Chip) -> bool:
+        """The ops-transformer kernels of dav-c220 (A2/A3): LightningIndexer arch22 (bf16/fp16) and
+        QuantLightningIndexer (int8), which deal their blocks over the cores by SplitCore and merge each block's keys
+        into the tokens' running top-k. The 950 keeps npusim's Mat-Duce units (models.md §3.4)."""
+        return chip.family != "950"
+
     def vector_heads(self, chip: Chip) -> bool:
         """The head weighting and reduction on the AIVs: the dav-c220 (A2/A3) LightningIndexer for bf16/fp16 q and k
         (ops-transformer attention/lightning_indexer/op_kernel/arch22; models.md §3.4's A3 flow: C1 = QK^T + ReLU in
         FIXPIPE, V1 = weight-mul, head reduce, top-k). The quantised variants and the 950 keep the cube's Mat-Duce."""
-        return not self.quantised and chip.family != "950"
+        return not self.quantised and self.dealt(chip)
 
     def s1_base(self) -> int:
         """Tokens per block of the dav-c220 kernel (InitTilingData: 8, or 8192 / topk x 2 above 2048 selections)."""
         return S1_BASE if self.topk <= 2048 else max(1, 8192 // self.topk * 2)
+
+    def base_rows(self, chip: Chip) -> int:
+        """Query rows per block (0 block_m): the bf16 dav-c220 kernel's s1_base tokens; the quantised one's
+        M_BASE_SIZE in whole tokens (InitTilingData: s1BaseSize = ceil(256 / G)); Huawei's 512 on the 950."""
+        if not self.dealt(chip):
+            return PREFILL_ROWS
+        return (self.s1_base() if self.vector_heads(chip) else cdiv(M_BASE, self.heads)) * self.heads
+
+    def keys_per_block(self, chip: Chip) -> int:
+        """block_n, or the kernel's: S2_BASE_SIZE 2048 in the quantised dav-c220 kernel, BLOCK_N otherwise."""
+        return self.block_n or (S2_BASE if self.quantised and self.dealt(chip) else BLOCK_N)
 
     def pairs(self) -> float:
         return self.batch * (self.tokens * self.keys - (self.tokens * (self.tokens - 1) / 2 if self.causal else 0))
@@ -223,13 +300,11 @@ class LightningIndexer(Kernel):
 
     # ------------------------------------------------------------------------------------------------ the plan
     def plan(self, chip: Chip) -> Plan:
-        """Huawei's 512-row block (block_m / heads tokens) for prefill, or the dav-c220 kernel's s1_base tokens when
-        the AIVs reduce the heads; with too few query blocks to fill the cores, the block size (the cube reduction
-        only: the dav-c220 kernel keeps its block) and the key ranges per block that `estimate` finds fastest
-        (explicit sizes win)."""
-        H, T, bn = self.heads, self.tokens, self.block_n
-        vec = self.vector_heads(chip)
-        rows = self.block_m or (self.s1_base() * H if vec else PREFILL_ROWS)
+        """The dav-c220 kernels' blocks (`base_rows` by `keys_per_block`), dealt by SplitCore; on the 950 Huawei's
+        512-row block (block_m / heads tokens), and with too few query blocks to fill the cores the block size and
+        the key ranges per block that `estimate` finds fastest (explicit sizes win)."""
+        H, bn = self.heads, self.keys_per_block(chip)
+        rows = self.block_m or self.base_rows(chip)
         tpb = rows // H
         if tpb < 1 or rows % H or bn % 2 or bn < 32:
             raise NpusimError(f"lightning_indexer block_m={self.block_m} must hold whole tokens of {H} heads and "
@@ -245,9 +320,8 @@ class LightningIndexer(Kernel):
         """(tokens per block, key ranges) best first by `estimate`: the SHORTLIST best, for the tuner
         (npusim.engine.tune) to time."""
         H, T = self.heads, self.tokens
-        vec = self.vector_heads(chip)
-        tb = min((self.block_m or (self.s1_base() * H if vec else PREFILL_ROWS)) // H, T)
-        if vec:  # SplitCore decides where each block runs: no key ranges to choose
+        tb = min((self.block_m or self.base_rows(chip)) // H, T)
+        if self.dealt(chip):  # SplitCore decides where each block runs: no key ranges to choose
             return [(tb, 1)]
         if self.block_m and self.splits:
             return [(tb, self.splits)]
@@ -259,30 +333,33 @@ class LightningIndexer(Kernel):
         return [o for _, _, o in scored[:SHORTLIST]]
 
     def candidates(self, chip: Chip) -> tuple[Kernel, ...]:
-        if self.block_m and self.splits or self.vector_heads(chip):
+        if self.block_m and self.splits or self.dealt(chip):
             return (self,)
         return tuple(replace(self, block_m=b * self.heads, splits=s) for b, s in self.split_options(chip))
 
     def max_splits(self, chip: Chip, tb: int) -> int:
         units = self.batch * cdiv(self.tokens, tb)
-        return 1 if units >= chip.aic.count else max(1, min(cdiv(self.keys, self.block_n), 4 * chip.aic.count // units))
+        bn = self.keys_per_block(chip)
+        return 1 if units >= chip.aic.count else max(1, min(cdiv(self.keys, bn), 4 * chip.aic.count // units))
 
     def layout(self, chip: Chip, tb: int, splits: int) -> Plan:
-        H, T, S, bn = self.heads, self.tokens, self.keys, self.block_n
+        """The L0 chunks: whole tokens of at most 128 rows (the quantised dav-c220 kernel's S1G_BASIC_BLOCK_L0) by
+        the widest key chunk that fits (its S2_BASIC_BLOCK_L0 128)."""
+        H, T, S, bn = self.heads, self.tokens, self.keys, self.keys_per_block(chip)
         tpc = max(t for t in range(1, 128 // H + 1) if tb % t == 0 and (tb // t >= 2 or tb == 1))
         c_m, nr = tpc * H, tb // tpc
         nq, full = cdiv(T, tb), cdiv(S, bn)
-        vec = self.vector_heads(chip)
         # pairs balance the causal triangle; when every query block sees the same key tiles (keys far beyond the
         # queries) there is nothing to balance and single blocks spread over the cores in finer units
         paired = (bool(self.causal) and self.batch * (nq // 2) >= chip.aic.count
-                  and self.tiles(0, tb, full) != self.tiles(nq - 1, tb, full))
+                  and self.tiles(0, tb, full, bn) != self.tiles(nq - 1, tb, full, bn))
         tps = cdiv(full, 1 if paired else splits)
-        if not paired and self.causal and len({cdiv(self.tiles(q, tb, full), tps) for q in range(nq)}) > 1:
+        if not paired and self.causal and len({cdiv(self.tiles(q, tb, full, bn), tps) for q in range(nq)}) > 1:
             tps = full  # causal query blocks with different range counts are not split (their merges would differ)
         b = tiler_buffers(chip)  # the largest chunk that fits as much L0 / L1 as a tiler fills
         cap = capacity(chip) | {"l0a": b.l0a, "l0b": b.l0b, "l1": b.l1}
-        plans = [Plan(tb, tb * H, tpc, c_m, c_n, nr, cdiv(nr, 2), bn, nq, full, cdiv(full, tps), tps, paired, vec)
+        plans = [Plan(tb, tb * H, tpc, c_m, c_n, nr, cdiv(nr, 2), bn, nq, full, cdiv(full, tps), tps, paired,
+                      self.vector_heads(chip), self.dealt(chip))
                  for c_n in (128, 64, 32, 16) if (bn // 2) % c_n == 0]
         return next((p for p in plans if all(v <= cap[lv] for lv, v in self.buffers(chip, p).items())), plans[-1])
 
@@ -292,23 +369,31 @@ class LightningIndexer(Kernel):
         return self.used(prog, self.queues(prog, p), p)
 
     def queues(self, prog: TileProgram, p: Plan) -> Queues:
-        """L1: Q and the block-diagonal W~ of each part of a unit (one buffer), K in three half-tile buffers, two
-        S' chunks; L0A: the row chunk's Q and two W~ chunks; L0B: two K and two S' chunks; L0C: two S chunks and
-        two P accumulators. UB is counted by `ub` (its two phases reuse it)."""
+        """L1: Q and the block-diagonal W~ of each part of a unit, K in three half-tile buffers, two S' chunks; L0A:
+        the row chunk's Q and two W~ chunks; L0B: two K and two S' chunks; L0C: two S chunks and two P
+        accumulators. The quantised dav-c220 kernel (InitBuffers of its cube service) double-buffers Q and W~, holds
+        K as two 128-key slices, brings S' into L0B a token (64 x 128) at a time and shares L0C's two buffers
+        between C1 and the head reduction (l0cBufIdx_); those two and S' in L1 stay two deep at any buffering, as
+        C1 of one chunk runs before the head reduction of the one before. UB is counted by `ub` (its two phases
+        reuse it)."""
         dt, D, bn, c_m, c_n = self.dtype, self.dim, p.bn, p.c_m, p.c_n
         q = prog.queue
         w_l1 = 0.0 if p.vec else nbytes(SCORE_DT, p.nr * 16, c_m)
         cube = (lambda *a, **k: None) if p.vec else q  # the cube head reduction's queues
+        ring = 2 if p.kmajor else 1  # Q's L1 buffers, and Q's L0A buffers (reloaded per chunk in that kernel)
         return Queues(
-            q("q", (AIC, "mte2"), (AIC, "mte1"), depth=1, slot={"l1": p.parts * (nbytes(dt, p.rows, D) + w_l1)}),
-            q("k", (AIC, "mte2"), (AIC, "mte1"), depth=3, slot={"l1": nbytes(dt, bn // 2, D)}),
-            q("qa", (AIC, "mte1"), (AIC, "cube"), depth=1, slot={"l0a": nbytes(dt, c_m, D)}),
+            q("q", (AIC, "mte2"), (AIC, "mte1"), depth=ring,
+              slot={"l1": p.parts * (nbytes(dt, p.rows, D) + w_l1)}),
+            q("k", (AIC, "mte2"), (AIC, "mte1"), depth=2 if p.kmajor else 3,
+              slot={"l1": nbytes(dt, bn // p.k_slices, D)}),
+            q("qa", (AIC, "mte1"), (AIC, "cube"), depth=ring, slot={"l0a": nbytes(dt, c_m, D)}),
             cube("wa", (AIC, "mte1"), (AIC, "cube"), depth=2, slot={"l0a": nbytes(SCORE_DT, 16, c_m)}),
             q("kb", (AIC, "mte1"), (AIC, "cube"), depth=2, slot={"l0b": nbytes(dt, c_n, D)}),
-            q("s", (AIC, "cube"), (AIC, "fixpipe"), depth=2, slot={"l0c": 4.0 * c_m * c_n}),
-            cube("s1", (AIC, "fixpipe"), (AIC, "mte1"), depth=2, slot={"l1": nbytes(SCORE_DT, c_m, c_n)}),
-            cube("sb", (AIC, "mte1"), (AIC, "cube"), depth=2, slot={"l0b": nbytes(SCORE_DT, c_m, c_n)}),
-            cube("pc", (AIC, "cube"), (AIC, "fixpipe"), depth=2, slot={"l0c": 4.0 * 16 * bn}),
+            s := q("s", (AIC, "cube"), (AIC, "fixpipe"), depth=2, slot={"l0c": 4.0 * c_m * c_n}, fixed=p.kmajor),
+            cube("s1", (AIC, "fixpipe"), (AIC, "mte1"), depth=2, slot={"l1": nbytes(SCORE_DT, c_m, c_n)},
+                 fixed=p.kmajor),
+            cube("sb", (AIC, "mte1"), (AIC, "cube"), depth=2, slot={"l0b": nbytes(SCORE_DT, c_m // p.pieces, c_n)}),
+            s if p.kmajor else cube("pc", (AIC, "cube"), (AIC, "fixpipe"), depth=2, slot={"l0c": 4.0 * 16 * bn}),
             tuple(q(f"ws{i}", (AIC, "fixpipe"), (AIV, "mte2"), depth=1) for i in range(2)),
             q("ub", (AIV, "mte2"), (AIV, "vector"), depth=2),
             q("top", (AIV, "vector"), (AIV, "mte3"), depth=2, fixed=True),  # a unit of two parts holds both
@@ -317,19 +402,19 @@ class LightningIndexer(Kernel):
     def used(self, prog: TileProgram, q: Queues, p: Plan) -> dict[str, float]:
         """The queues' buffers, and UB: in the scoring phase a step's scores (and key scales) per buffer of `ub`,
         the masked scores and the running top-k of each part; in the merge, a partial per buffer of `m` and the
-        merged top-k."""
+        merged top-k. The quantised dav-c220 kernel loads a token's scores at a time (ProcessVec1)."""
         na, bn, K = max(p.tokens_of(a)[1] for a in range(AIVS)), p.bn, self.topk
-        scores = 4.0 * na * bn + (4.0 * bn if self.quantised else 0.0)
-        phase = self.vec_ub(na, q.ub.depth) if p.vec else (
+        scores = 4.0 * (1 if p.dealt else na) * bn + (4.0 * bn if self.quantised else 0.0)
+        phase = self.vec_ub(na, q.ub.depth, bn) if p.vec else (
             q.ub.depth * scores + 4.0 * na * bn + 8.0 * p.parts * na * K)
         return prog.buffers() | {"ub": max(phase, (q.m.depth + 1) * 8.0 * K)}
 
-    def vec_ub(self, na: int, depth: int) -> float:
+    def vec_ub(self, na: int, depth: int, bn: int) -> float:
         """UB of the dav-c220 scoring phase (its InitBuffers): `depth` buffers of a head group's scores and weights,
         the group sums, the block's sorted scores and indices, and the running top-k of `na` tokens. The kernel
         walks one query block at a time, so one top-k is held; a SplitCore run's two split pieces, written as one
         unit of two parts, are counted as the kernel holds them (one after the other)."""
-        g, bn = min(HEAD_GROUP, self.heads), self.block_n
+        g = min(HEAD_GROUP, self.heads)
         return depth * 4.0 * (g * bn + g) + 4.0 * g * bn + 8.0 * bn + 8.0 * na * self.topk
 
     @property
@@ -338,19 +423,19 @@ class LightningIndexer(Kernel):
         2048 are selected (ProcessVec)."""
         return self.tokens <= 4 and self.topk <= 2048
 
-    def tiles(self, qb: int, tb: int, full: int) -> int:
-        """Key tiles query block qb needs (queries are the last `tokens` positions of `keys`)."""
+    def tiles(self, qb: int, tb: int, full: int, bn: int) -> int:
+        """Key tiles of bn keys query block qb needs (queries are the last `tokens` positions of `keys`)."""
         if not self.causal:
             return full
-        return min(full, (self.keys - self.tokens + min((qb + 1) * tb, self.tokens) - 1) // self.block_n + 1)
+        return min(full, (self.keys - self.tokens + min((qb + 1) * tb, self.tokens) - 1) // bn + 1)
 
     def estimate(self, chip: Chip, tb: int, splits: int) -> float:
-        """Seconds for blocks of `tb` tokens and `splits` key ranges (the Mat-Duce kernel): the units' key-tile
+        """Seconds for blocks of `tb` tokens and `splits` key ranges (the 950's Mat-Duce kernel): the units' key-tile
         steps in waves over the cores, a step taking the slowest of its cube work (C1 and the 16-row head
         reduction), its top-k on the busier vector core and its K tile (per-core MTE2 rate, the wave's share of
         HBM and L2), then the merge of
         the ranges on one vector core. An estimate for ranking; the engine times the trace."""
-        H, D, bn, cube = self.heads, self.dim, self.block_n, chip.aic.cube.flop_per_cycle
+        H, D, bn, cube = self.heads, self.dim, self.keys_per_block(chip), chip.aic.cube.flop_per_cycle
         eff, clock, cores = chip.efficiency, chip.clock, chip.aic.count
         nq, full = cdiv(self.tokens, tb), cdiv(self.keys, bn)
         units = self.batch * nq * splits
@@ -376,7 +461,7 @@ class LightningIndexer(Kernel):
         tile) blocks in that order, the causal count per query block from the mask; core c takes a contiguous run
         of floor(total / cores) blocks, one more for the first total mod cores (fewer cores when there are fewer
         blocks). A run may begin and end inside a query block's keys: the pieces of each core's run, in order."""
-        tiles = [self.tiles(q, p.tb, p.full) for q in range(p.nq)] * self.batch
+        tiles = [self.tiles(q, p.tb, p.full, p.bn) for q in range(p.nq)] * self.batch
         base, extra = divmod(sum(tiles), cores)
         runs: list[list[list[int]]] = []
         row, k, cut = 0, 0, [0] * len(tiles)
@@ -416,7 +501,7 @@ class LightningIndexer(Kernel):
             return out
         runs: list[list[int]] = []  # (first query block, blocks, tiles) of equal tile counts
         for q in range(nq):
-            t = self.tiles(q, tb, p.full)
+            t = self.tiles(q, tb, p.full, bn)
             if runs and runs[-1][2] == t:
                 runs[-1][1] += 1
             else:
@@ -443,15 +528,15 @@ class LightningIndexer(Kernel):
         q = self.queues(prog, p)
         # K is re-read by every query block of its sequence: from L2 after the first read when a sequence's keys fit
         # there, else only by the query blocks in flight together
-        loads = sum(self.tiles(b, p.tb, p.full) for b in range(p.nq))
+        loads = sum(self.tiles(b, p.tb, p.full, p.bn) for b in range(p.nq))
         fits = nbytes(self.dtype, self.keys, self.dim) <= chip.l2.size / 2
         per_key, fixed = topk_cycles(chip, self.topk)
-        if p.vec:  # the merges are paid per key block (select); a finished row is only extracted (GatherMask)
+        if p.dealt:  # the merges are paid per key block (select); a finished row is only extracted (GatherMask)
             fixed = 8.0 * self.topk / chip.aiv.vector.repeat_bytes
         launch = Launch(self, p, q, 1 - p.full / loads if fits else 1 - 1 / min(p.nq, chip.aic.count),
                         chip.aiv.vector.flop_per_cycle["fp32"], per_key, fixed,
                         topk_cycles(chip, self.topk, presorted=True)[0])
-        if p.vec and not p.paired:
+        if p.dealt and not p.paired:
             split = self.split_core(p, chip.aic.count)
             runs = [launch.core_run(prog, pieces) for pieces in split]
             groups, nbands = prog.placed(runs), sum(map(len, runs))
@@ -467,7 +552,8 @@ class LightningIndexer(Kernel):
                      self.used(prog, q, p),
                      {"block_m": p.rows, "block_n": p.bn, "tokens_per_block": p.tb, "l0_chunk": (p.c_m, p.c_n, self.dim),
                       "k_buffers": q.k.depth,
-                      "head_reduction": "vector (dav-c220 kernel)" if p.vec else "cube (Mat-Duce)",
+                      "head_reduction": "vector (dav-c220 kernel)" if p.vec else (
+                          "cube per token (dav-c220 quantised kernel)" if p.dealt else "cube (Mat-Duce)"),
                       "units": units, "bands": nbands,
                       "topk": "radix select" if chip.family == "950" else "VBS32+VMS4 sort/merge"} | prog.tiling(),
                      dtype=self.dtype)
@@ -648,26 +734,37 @@ class Launch:
         c.free(self.q.q)
 
     def aic_step(self, c: Code, C: int, paired: bool, slot: int, j: Lin) -> None:
-        """One key tile: K in, then the step's nr x nj chunks as one stream, the head reduction LAG chunks behind
-        C1 (across row chunks too), so FIXPIPE and MTE1 have S' in L0B before the cube wants it."""
+        """One key tile: K in, then the step's nr x nj chunks as one stream, the head reduction `lag` chunks behind
+        C1 (across row chunks too), so FIXPIPE and MTE1 have S' in L0B before the cube wants it. The quantised
+        dav-c220 kernel (ComputeMm1) walks the chunks key-major, each K slice loaded before its first chunk, Q into
+        L0A for every chunk, and its FIXPIPE takes S' before the head reduction's result (ProcessQk, then
+        ProcessWs of the chunk before)."""
+        p = self.p
         self.step_vars(c, C, paired, j)
-        self.copy_in_k(c)
-        n = self.p.nr * self.nj
-        if self.p.vec:  # C1 chunks straight out to the workspace; both AIVs' buffers taken and handed over at once
+        if not p.kmajor:
+            for h in range(p.k_slices):
+                self.copy_in_k(c, h)
+        n = p.nr * self.nj
+        if p.vec:  # C1 chunks straight out to the workspace; both AIVs' buffers taken and handed over at once
             for g in range(n):
                 if g % self.nj == 0:
-                    self.load_l0(c, g // self.nj)
+                    self.load_l0(c, g)
                 self.c1(c, g)
                 self.relu_out(c, g, slot)
             return
-        for g in range(n + LAG):
+        for g in range(n + p.lag):
             if g < n:
-                if g % self.nj == 0:
-                    self.load_l0(c, g // self.nj)
+                r, k = p.chunk(g)
+                if p.kmajor and r == 0:
+                    self.copy_in_k(c, k)
+                if p.kmajor or k == 0:
+                    self.load_l0(c, g)
                 self.c1(c, g)
-            if g >= LAG:
-                self.c2(c, g - LAG, slot)
-            if g < n:
+                if p.kmajor:
+                    self.relu(c, g)
+            if g >= p.lag:
+                self.c2(c, g - p.lag, slot)
+            if g < n and not p.kmajor:
                 self.relu(c, g)
 
     @stage
@@ -694,44 +791,53 @@ class Launch:
         c.enque(self.q.q)
 
     @stage
-    def copy_in_k(self, c: Code) -> None:
-        """MTE2: the step's key tile into L1 in two halves; from a paged cache, one DMA per page (its block-table
-        entry read first), so a half of many small pages is bound by their issue (aic mte2 issue_cycles)."""
+    def copy_in_k(self, c: Code, h: int) -> None:
+        """MTE2: slice h of the step's key tile into L1 (two halves, or a key chunk each); from a paged cache, one
+        DMA per page (its block-table entry read first), so a slice of many small pages is bound by their issue
+        (aic mte2 issue_cycles)."""
         dt, S, D, bn = self.li.dtype, self.li.keys, self.li.dim, self.p.bn
-        kh = bn // 2
+        kh = bn // self.p.k_slices
         pages = cdiv(kh, self.li.page) if self.li.page else 1
-        for h in range(2):
-            c.alloc(self.q.k)
-            c.op("mte2", "load_k", Act("load", Ref(f"l1.k{h}", (0, 0), (kh, D)),
-                                       (Ref("k", (lin(("b", S), ("kt", bn), base=h * kh), 0), (kh, D),
-                                            (self.kstop, D)),), self.fe),
-                 bytes=nbytes(dt, kh, D), dtype=dt, src="gm", dst="l1", hit=self.hit_k, issues=pages)
-            c.enque(self.q.k)
+        c.alloc(self.q.k)
+        c.op("mte2", "load_k", Act("load", Ref(f"l1.k{h}", (0, 0), (kh, D)),
+                                   (Ref("k", (lin(("b", S), ("kt", bn), base=h * kh), 0), (kh, D),
+                                        (self.kstop, D)),), self.fe),
+             bytes=nbytes(dt, kh, D), dtype=dt, src="gm", dst="l1", hit=self.hit_k, issues=pages)
+        c.enque(self.q.k)
+
+    def w_buf(self, g: int, i: int = 0) -> str:
+        """The L0A buffer of chunk g's W~: one per row chunk, or per token of each chunk in the key-major order."""
+        p = self.p
+        return f"l0a.w{(g * p.pieces + i if p.kmajor else p.chunk(g)[0]) % 2}"
 
     @stage
-    def load_l0(self, c: Code, r: int) -> None:
-        """MTE1: row chunk r's queries (kept in L0A for all its key chunks) and its block-diagonal head weights."""
+    def load_l0(self, c: Code, g: int) -> None:
+        """MTE1: the queries of chunk g's row chunk (kept in L0A for all its key chunks, or for this chunk alone in
+        the key-major order) and its block-diagonal head weights (in the key-major order `load_w` brings them a
+        token at a time just before the head reduction, LoadWeightToL0a in ProcessWs)."""
         dt, D, c_m, nr, q = self.li.dtype, self.li.dim, self.p.c_m, self.p.nr, self.q
+        r = self.p.chunk(g)[0]
         c.alloc(q.qa)
         c.op("mte1", "load_q", Act("copy", Ref("l0a.q", (0, 0), (c_m, D)),
                                    (Ref("l1.q", (lin(("sel", self.p.rows), base=r * c_m), 0), (c_m, D)),), self.fe),
              bytes=nbytes(dt, c_m, D), dtype=dt, src="l1", dst="l0a")
         c.enque(q.qa)
-        if self.p.vec:
+        if self.p.vec or self.p.kmajor:
             return
         c.alloc(q.wa)
-        c.op("mte1", "load_w", Act("copy", Ref(f"l0a.w{r % 2}", (0, 0), (16, c_m)),
+        c.op("mte1", "load_w", Act("copy", Ref(self.w_buf(g), (0, 0), (16, c_m)),
                                    (Ref("l1.w", (lin(("sel", nr * 16), base=r * 16), 0), (16, c_m)),), SCORE_DT),
              bytes=nbytes(SCORE_DT, 16, c_m), dtype=SCORE_DT, src="l1", dst="l0a")
         c.enque(q.wa)
 
     @stage
     def c1(self, c: Code, g: int) -> None:
-        """Chunk g = (row chunk r, key chunk j): K slice into L0B, S = Q K^T into L0C. The K half is taken by the
-        first row chunk and given back by the last."""
+        """Chunk g = (row chunk r, key chunk j): K slice into L0B, S = Q K^T into L0C. The K slice in L1 is taken by
+        the first row chunk and given back by the last; Q in L0A serves the row chunk's key chunks in a row (one
+        chunk in the key-major order)."""
         dt, D, c_m, c_n, q, nj = self.li.dtype, self.li.dim, self.p.c_m, self.p.c_n, self.q, self.nj
-        r, j = divmod(g, nj)
-        jh = nj // 2
+        r, j = self.p.chunk(g)
+        jh = nj // self.p.k_slices
         k = Ref(f"l0b.k{g % 2}", (0, 0), (c_n, D))
         if r == 0 and j % jh == 0:
             c.deque(q.k)
@@ -741,7 +847,7 @@ class Launch:
         c.enque(q.kb)
         if r == self.p.nr - 1 and j % jh == jh - 1:
             c.free(q.k)
-        if j == 0:
+        if j == 0 or self.p.kmajor:
             c.deque(q.qa)
         c.deque(q.kb)
         c.alloc(q.s)
@@ -750,7 +856,7 @@ class Launch:
              flops=2.0 * c_m * c_n * D, dtype=dt, src="l0a", dst="l0c")
         c.free(q.kb)
         c.enque(q.s)
-        if j == nj - 1:
+        if j == nj - 1 or self.p.kmajor:
             c.free(q.qa)
 
     @stage
@@ -787,44 +893,74 @@ class Launch:
 
     @stage
     def c2(self, c: Code, g: int, slot: int) -> None:
-        """The head reduction of chunk g: P[:, keys of j] = W~_r S' (16 x c_m times c_m x c_n); after a row chunk's
-        last key chunk its P rows go to the workspace."""
-        c_m, c_n, q, nj = self.p.c_m, self.p.c_n, self.q, self.nj
-        r, j = divmod(g, nj)
-        sp = Ref(f"l0b.s{g % 2}", (0, 0), (c_m, c_n))
-        c.deque(q.s1)
-        c.alloc(q.sb)
-        c.op("mte1", "load_s", Act("copy", sp, (Ref(f"l1.s{g % 2}", (0, 0), (c_m, c_n)),), SCORE_DT),
-             bytes=nbytes(SCORE_DT, c_m, c_n), dtype=SCORE_DT, src="l1", dst="l0b")
-        c.free(q.s1)
-        c.enque(q.sb)
-        c.deque(q.sb)
-        if j == 0:
-            c.deque(q.wa)
-            c.alloc(q.pc)
-        c.op("cube", "mmad_heads", Act("mmad", Ref(f"l0c.p{r % 2}", (0, j * c_n), (16, c_n)),
-                                       (Ref(f"l0a.w{r % 2}", (0, 0), (16, c_m)), sp), "fp32", (("accumulate", False),)),
-             flops=2.0 * 16 * c_m * c_n, dtype=SCORE_DT, src="l0a", dst="l0c")
-        c.free(q.sb)
-        if j == nj - 1:
-            c.free(q.wa)
+        """The head reduction of chunk g: P[:, keys of j] = W~_r S' (16 x c_m times c_m x c_n), in `pieces` matmuls
+        accumulated over the rows (one per token in the quantised dav-c220 kernel, ComputeWs); P leaves for the
+        workspace after a row chunk's last key chunk, or after each chunk where the chunks run key-major."""
+        p, q = self.p, self.q
+        c_m, c_n, nj, n = p.c_m, p.c_n, self.nj, p.pieces
+        r, j = p.chunk(g)
+        rows, own = c_m // n, p.kmajor  # own: this chunk's P leaves on its own
+        acc = Ref(f"l0c.p{g % 2}", (0, 0), (16, c_n)) if own else Ref(f"l0c.p{r % 2}", (0, j * c_n), (16, c_n))
+        for i in range(n):
+            sp = Ref(f"l0b.s{(g * n + i) % 2}", (0, 0), (rows, c_n))
+            if i == 0:
+                c.deque(q.s1)
+            c.alloc(q.sb)
+            c.op("mte1", "load_s", Act("copy", sp, (Ref(f"l1.s{g % 2}", (i * rows, 0), (rows, c_n)),), SCORE_DT),
+                 bytes=nbytes(SCORE_DT, rows, c_n), dtype=SCORE_DT, src="l1", dst="l0b")
+            if i == n - 1:
+                c.free(q.s1)
+            c.enque(q.sb)
+            if own:
+                self.load_w(c, g, i)
+            c.deque(q.sb)
+            if own or i == 0 and j == 0:
+                c.deque(q.wa)
+            if i == 0 and (j == 0 or own):
+                c.alloc(q.pc)
+            w = Ref(self.w_buf(g, i), (0, 0), (16, rows)) if own else Ref(self.w_buf(g), (0, 0), (16, c_m))
+            c.op("cube", "mmad_heads", Act("mmad", acc, (acc,) * bool(i) + (w, sp), "fp32",
+                                           (("accumulate", bool(i)),)),
+                 flops=2.0 * 16 * rows * c_n, dtype=SCORE_DT, src="l0a", dst="l0c")
+            c.free(q.sb)
+            if own:
+                c.free(q.wa)
+        if j == nj - 1 or own:
+            if not own:
+                c.free(q.wa)
             c.enque(q.pc)
-            self.copy_out_scores(c, r, slot)
+            self.copy_out_scores(c, g, slot)
 
     @stage
-    def copy_out_scores(self, c: Code, r: int, slot: int) -> None:
-        """FIXPIPE: row chunk r's head-summed scores to workspace slot `slot`, for the AIV that owns its tokens
-        (taken by its first row chunk, handed over after its last)."""
+    def load_w(self, c: Code, g: int, i: int) -> None:
+        """MTE1: token i of chunk g's row chunk: its 16 x heads slice of the block-diagonal W~ into L0A."""
         p = self.p
+        r, rows = p.chunk(g)[0], p.c_m // p.pieces
+        sel = lin(("sel", p.nr * 16), base=r * 16)
+        c.alloc(self.q.wa)
+        c.op("mte1", "load_w", Act("copy", Ref(self.w_buf(g, i), (0, 0), (16, rows)),
+                                   (Ref("l1.w", (sel, i * rows), (16, rows)),), SCORE_DT),
+             bytes=nbytes(SCORE_DT, 16, rows), dtype=SCORE_DT, src="l1", dst="l0a")
+        c.enque(self.q.wa)
+
+    @stage
+    def copy_out_scores(self, c: Code, g: int, slot: int) -> None:
+        """FIXPIPE: row chunk r's head-summed scores (all its keys, or chunk g's where each chunk's P leaves on its
+        own) to workspace slot `slot`, for the AIV that owns its tokens (taken by its first chunk, handed over after
+        its last)."""
+        p = self.p
+        r, j = p.chunk(g)
         a = 0 if r < p.split else 1
+        first, last = (j == 0, j == self.nj - 1) if p.kmajor else (True, True)
+        width, at, acc = (p.c_n, j * p.c_n, f"l0c.p{g % 2}") if p.kmajor else (p.bn, 0, f"l0c.p{r % 2}")
         c.deque(self.q.pc)
-        if r in (0, p.split):
+        if first and r in (0, p.split):
             c.alloc(self.q.ws[slot], lane=a)
-        c.op("fixpipe", "scores_out", Act("fixpipe", Ref(f"ws.p{slot}", (r * p.tpc, 0), (p.tpc, p.bn)),
-                                          (Ref(f"l0c.p{r % 2}", (0, 0), (p.tpc, p.bn)),), "fp32"),
-             bytes=4.0 * p.tpc * p.bn, dtype="fp32", src="l0c", dst="gm", hit=WS_HIT)
+        c.op("fixpipe", "scores_out", Act("fixpipe", Ref(f"ws.p{slot}", (r * p.tpc, at), (p.tpc, width)),
+                                          (Ref(acc, (0, 0), (p.tpc, width)),), "fp32"),
+             bytes=4.0 * p.tpc * width, dtype="fp32", src="l0c", dst="gm", hit=WS_HIT)
         c.free(self.q.pc)
-        if r in (p.split - 1, p.nr - 1):
+        if last and r in (p.split - 1, p.nr - 1):
             c.enque(self.q.ws[slot], lane=a)
 
     # ------------------------------------------------------------------ AIV
@@ -840,13 +976,17 @@ class Launch:
             self.copy_out_topk(v, part, final)
 
     def aiv_step(self, v: Code, C: int, paired: bool, slot: int, j: Lin) -> None:
+        """A step's scores into the running top-ks: the bf16 dav-c220 kernel weights and reduces the heads first;
+        the quantised one (ProcessVec1) takes its tokens one by one, the next token's scores loading while this
+        one sorts."""
         self.step_vars(v, C, paired, j)
         if self.p.vec:
             self.head_sums(v, slot)
             v.free(self.q.ws[slot])
             return
-        self.copy_in_scores(v, slot)
-        self.select(v, slot)
+        for t, nt in ([(t, 1) for t in range(self.p.tokens_of(v.aiv)[1])] if self.p.dealt else [(0, 0)]):
+            self.copy_in_scores(v, slot, t, nt)
+            self.select(v, slot, t, nt)
 
     @stage
     def head_sums(self, v: Code, slot: int) -> None:
@@ -891,28 +1031,38 @@ class Launch:
              dtype="fp32", dst="ub")
 
     @stage
-    def copy_in_scores(self, v: Code, slot: int) -> None:
-        """MTE2: this AIV's rows of the step's scores from the workspace (and the key tile's scales)."""
-        f, n = self.p.tokens_of(v.aiv)
-        bn = self.p.bn
-        v.deque(self.q.ws[slot])
+    def copy_in_scores(self, v: Code, slot: int, t: int = 0, nt: int = 0) -> None:
+        """MTE2: this AIV's rows t .. t + nt (all by default) of the step's scores from the workspace, and the key
+        tile's scales. The quantised dav-c220 kernel loads them for each token (GetKeyScale: one DMA per page of a
+        paged cache) before handing the token over; the 950's trace hands the scores over first."""
+        li, p = self.li, self.p
+        f, n = p.tokens_of(v.aiv)
+        nt, bn = nt or n, p.bn
+        if t == 0:
+            v.deque(self.q.ws[slot])
         v.alloc(self.q.ub)
-        v.op("mte2", "load_scores", Act("load", Ref(f"ub.p{slot}", (0, 0), (n, bn)),
-                                        (Ref(f"ws.p{slot}", (f, 0), (n, bn)),), "fp32"),
-             bytes=4.0 * n * bn, dtype="fp32", src="gm", dst="ub", hit=WS_HIT)
-        v.free(self.q.ws[slot])
-        v.enque(self.q.ub)
-        if self.li.quantised:
-            src = Ref("ks", (0, lin(("b", self.li.keys), ("kt", bn))), (1, bn), (None, self.kstop))
+        v.op("mte2", "load_scores", Act("load", Ref(f"ub.p{slot}", (0, 0), (nt, bn)),
+                                        (Ref(f"ws.p{slot}", (f + t, 0), (nt, bn)),), "fp32"),
+             bytes=4.0 * nt * bn, dtype="fp32", src="gm", dst="ub", hit=WS_HIT)
+        if t + nt == n:
+            v.free(self.q.ws[slot])
+        if not p.dealt:
+            v.enque(self.q.ub)
+        if li.quantised:
+            src = Ref("ks", (0, lin(("b", li.keys), ("kt", bn))), (1, bn), (None, self.kstop))
             v.op("mte2", "load_key_scales", Act("load", Ref(f"ub.ks{slot}", (0, 0), (1, bn)), (src,), "fp32"),
-                 bytes=4.0 * bn, dtype="fp32", src="gm", dst="ub", hit=self.hit_k)
+                 bytes=4.0 * bn, dtype="fp32", src="gm", dst="ub", hit=self.hit_k,
+                 issues=cdiv(bn, li.page) if li.page else 1)
+        if p.dealt:
+            v.enque(self.q.ub)
 
     @stage
     def select(self, v: Code, slot: int, t: int = 0, nt: int = 0) -> None:
         """Vector: key scale and causal mask, then the step's keys merged into the running top-k of its part; for
         this AIV's tokens t .. t + nt (all of them by default). The merge acts on all of the AIV's rows once its
         last token is scored (the state holds values, then indices, row by row), so a token's merge before that is
-        timed but carries no action."""
+        timed but carries no action. The quantised dav-c220 kernel's steps are barrier chains (DEQ_PASSES, then
+        `sort_chain`)."""
         li, p = self.li, self.p
         f, n = p.tokens_of(v.aiv)
         nt = nt or n
@@ -921,19 +1071,20 @@ class Launch:
         kpos = lin(("kt", bn))
         ui = Ref("ub.i", (0, 0), (n, bn))
         top = Ref("ub.top", (lin(("sel", 2 * n)), 0), (2 * n, K))
-        src = Ref("ub.r", (t, 0), (nt, bn)) if p.vec else Ref(f"ub.p{slot}", (0, 0), (n, bn))
+        src = Ref("ub.r", (t, 0), (nt, bn)) if p.vec else Ref(f"ub.p{slot}", (0, 0), (nt, bn))
+        passes = DEQ_PASSES if p.kmajor else 1
         if not p.vec:
             v.deque(self.q.ub)
         v.op("vector", "scores", Act("li_scores", Ref("ub.i", (t, 0), (nt, bn)), (src,) + ks, "fp32",
                                      (("qpos", lin(("qb", p.tb), base=li.keys - li.tokens + f + t)), ("kpos", kpos),
                                       ("keys", li.keys), ("causal", bool(li.causal)))),
-             flops=2.0 * nt * bn, bytes=4.0 * nt * bn, dtype="fp32", src="ub", dst="ub")
+             flops=2.0 * passes * nt * bn, bytes=4.0 * nt * bn, dtype="fp32", src="ub", dst="ub", issues=passes)
         if not p.vec:
             v.free(self.q.ub)
-        cycles = block_topk_cycles(K, bn, li.cached) if p.vec else self.per_key * bn
+        cycles = block_topk_cycles(K, bn, li.cached and p.vec) if p.dealt else self.per_key * bn
         merge = Act("topk_merge", top, (top, ui), "fp32", (("kpos", kpos),)) if t + nt == n else None
         v.op("vector", "topk_merge", merge, flops=cycles * nt * self.vflops, bytes=4.0 * nt * bn, dtype="fp32",
-             src="ub", dst="ub")
+             src="ub", dst="ub", issues=sort_chain(bn) if p.kmajor else 1)
 
     @stage
     def copy_out_topk(self, v: Code, part: int, final: bool) -> None:
