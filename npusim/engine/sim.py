@@ -200,12 +200,12 @@ class Runner:
     the event it waits for (so events run in the same order), without allocating an event or a process per
     instruction."""
 
-    __slots__ = ("sim", "index", "group", "core", "pipe", "weight", "stack", "act", "start", "end", "flag",
+    __slots__ = ("env", "index", "group", "core", "pipe", "weight", "stack", "act", "start", "end", "flag",
                  "lead", "busy", "ops", "sync", "starts", "unbarred", "event", "resume")
 
     def __init__(self, sim: "Simulation", index: int, group: int, core: str, pipe: str, weight: int, body: CLoop,
                  starts: int, unbarred: bool = False):
-        self.sim = sim
+        self.env = sim.env
         self.index = index
         self.group = group
         self.core = core  # e.g. "aic" or "aiv1"
@@ -224,25 +224,25 @@ class Runner:
         self.event = simpy.Event(sim.env)  # the one event the runner waits for at a time, scheduled again each time
         self.resume: tuple = ()  # its callbacks: the stream's generator resumed
 
-    def launch(self) -> None:
+    def launch(self, sim: "Simulation") -> None:
         """Run the stream up to its first wait."""
-        stream = self.process()
+        stream = self.process(sim)
         self.resume = (stream.send,)
         stream.send(None)
 
     def sleep(self, delay: float) -> None:
         """Resume the stream `delay` from now, its event scheduled as simpy schedules a timeout (delay 0: as an
         event that succeeds now, after the events already due)."""
-        event, env = self.event, self.sim.env
+        event, env = self.event, self.env
         event.callbacks = self.resume
         heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), event))  # Environment.schedule inlined
 
     def wake(self) -> None:
         self.sleep(0.0)
 
-    def process(self):
+    def process(self, sim: "Simulation"):
         """The stream, resumed by its event after each wait (flag, work, transfer, barrier); it ends parked."""
-        sim, env, stack = self.sim, self.sim.env, self.stack
+        env, stack = self.env, self.stack
         transfer, spans = sim.transfer, sim.spans
         while stack:
             frame = stack[-1]
@@ -482,7 +482,7 @@ class Simulation:
         env = self.env
         for runner in self.runners:
             if runner.act != DONE:
-                runner.launch()
+                runner.launch(self)
         queue, events = env._queue, 0
         while queue:  # simpy's Environment.step inlined (no event here ever fails)
             env._now, _, _, event = heappop(queue)
@@ -491,6 +491,8 @@ class Simulation:
                 callback(event)
             events += 1
         self.events += events
+        for runner in self.runners:  # the parked streams, whose frames hold the simulation: it is then freed by
+            runner.resume = ()  # reference counting, not left to the collector (a sweep collects after each point)
         stuck = [r for r in self.runners if r.act != DONE]
         if stuck:
             r = stuck[0]
