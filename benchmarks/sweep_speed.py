@@ -15,6 +15,10 @@ themselves: pairs of prompt and output length with the same context share them, 
 batch and bandwidth axes share the GEMMs and the tile traces (a decode attention's tiling reads no bandwidth). The
 sweep's point cache is off and every mode starts from an empty kernel disk cache, so each mode computes everything
 it reports.
+
+Measured (2 local processes on the 2-core machine, shared with other work; CPU is the figure load does not distort):
+  main at 5bee777, 2026-12-06: acceptance 178 s wall, 150 s CPU (load ~3.5); output 338 s wall, 420 s CPU (load ~3)
+  main at 831206a, 2026-12-06: acceptance 302 s wall, 218 s CPU (load ~3.5); output 345 s wall, 635 s CPU (load ~1.5)
 """
 
 from __future__ import annotations
