@@ -128,6 +128,57 @@ def test_hbm_is_shared_not_multiplied():
     assert many.bound == "hbm" and many.servers["hbm"] == pytest.approx(1.0, rel=0.02)
 
 
+def copy(tiles: int, kib: int, l2: str = "") -> tuple[Trace, object]:
+    """Every vector core copies `tiles` tiles of `kib` KiB GM -> UB -> GM, double buffered, every byte missing L2
+    (reads from HBM, writes left dirty); with `l2` the chip's L2 size, which bounds the dirty bytes."""
+    b = kib * 1024.0
+    body = (Instr("mte2", "load", bytes=b, src="gm", dst="ub", wait=("free",), set=("full",)),
+            Instr("mte3", "store", bytes=b, src="ub", dst="gm", wait=("full",), set=("free",)))
+    cores = CHIP.aiv.count
+    group = Group(None, (Program("aiv", (Loop(tiles, body),)),), copies=cores, flags={"free": 2})
+    trace = Trace("copy", "910b2", {}, (group,), 0.0, 2.0 * cores * tiles * b, {"ub": 2 * b})
+    return trace, load_chip("910b2", {"l2.size": l2}) if l2 else CHIP
+
+
+def test_hbm_serves_reads_first_and_a_write_ends_in_l2():
+    """A copy on every vector core: the stores end once L2 has them, so the loads stream back to back and get HBM
+    first; the dirty bytes drain with what the loads leave and after them, and the kernel ends when HBM has every
+    byte (never before its roofline). (48 cores x 100 x 32 KiB = 150 MiB: the dirty bytes fit the 192 MiB L2.)"""
+    trace, chip = copy(100, 32)
+    out = Simulation(trace, chip, record=True, compress=False).run()
+    hbm = chip.hbm.bandwidth * chip.efficiency.hbm
+    loads = max(end for i, op, _, end in out.spans if op == "load")
+    stores = next(r for r in out.runners if r.pipe == "mte3")
+    assert loads == pytest.approx(trace.hbm_bytes / 2 / hbm, rel=0.02)
+    assert out.time == pytest.approx(trace.hbm_bytes / hbm, rel=0.01) and out.time >= roofline(trace, chip)[0]
+    assert stores.busy < 0.6 * out.time
+    assert out.servers["hbm"].moved == pytest.approx(trace.hbm_bytes)
+
+
+def test_a_write_waits_for_hbm_once_l2_holds_its_size_in_dirty_bytes():
+    """The same copy with a 4 MiB L2: once that much is dirty, each store waits for HBM to write back as much (its
+    share of HBM beside the loads), so the stores take about as long as the kernel; the kernel's time is the same as
+    with an L2 no write waits for (1 GiB): HBM moves the same bytes either way."""
+    trace, chip = copy(200, 32, "4 MiB")
+    out = Simulation(trace, chip).run()
+    stores = next(r for r in out.runners if r.pipe == "mte3")
+    assert stores.busy > 0.9 * out.time
+    assert out.time == pytest.approx(Simulation(*copy(200, 32, "1 GiB")).run().time, rel=1e-3)
+
+
+@pytest.mark.parametrize("l2", ["", "4 MiB", "1 B"])
+def test_compression_is_exact_while_dirty_bytes_accumulate_or_wait(l2):
+    """The dirty bytes grow every period (the loads keep HBM busy: no period repeats their level), or writes wait
+    for the drain at capacity, or every write waits (a 1-byte L2): the steady state is found all the same, exact."""
+    trace, chip = copy(400, 32, l2)
+    fast, full = Simulation(trace, chip).run(), Simulation(trace, chip, compress=False).run()
+    assert fast.extrapolated > 0.5 * fast.time and fast.events < full.events / 10
+    assert fast.time == pytest.approx(full.time, rel=1e-9)
+    assert fast.servers["hbm"].moved == pytest.approx(full.servers["hbm"].moved, rel=1e-9)
+    for a, b in zip(fast.runners, full.runners):
+        assert a.busy == pytest.approx(b.busy, rel=1e-6) and a.ops == b.ops
+
+
 def test_a_discrete_gather_is_bound_by_its_instruction_issue():
     """A gather of n rows issued one DMA instruction per row takes the n - 1 issues after the first (the first is in
     the start-up latency) when they outlast its transfer; a contiguous load of the same bytes (issues=1) and a chip

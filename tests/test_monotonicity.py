@@ -4,11 +4,13 @@ UB, the cube and vector rates, HBM and L2 bandwidth.
 Two properties, both exact (float noise aside):
 * the tiling: with any resource doubled, the tuner's choice is never slower than the smaller chip's choice run on
   the larger chip (a larger resource never picks a slower tiling — what the tiler's estimate alone did);
-* end to end, for the buffers (L0A/L0B/L0C, L1, UB): the engine does not read buffer sizes, so with the tiling
-  property a kernel and a whole prediction are never slower with a larger buffer.
-For the rates the end-to-end property also needs the engine to be monotone for a fixed trace, which its fluid
-fair sharing is not always (npusim.engine.sim, "Faster is not always sooner"; tests/test_engine.py checks it on
-GEMM-like traces). The long run over the project's own workloads is benchmarks/monotonicity_census.py."""
+* end to end: a kernel and a whole prediction are never slower with any resource doubled. For the buffers this
+  follows from the tiling property (the engine does not read buffer sizes); for the rates it also needs the engine
+  to time a fixed trace no later on the faster chip, which it does on these families and shapes since writes end in
+  the write-back L2 and HBM serves reads first (npusim.engine.sim). It is not a theorem: a work-conserving sharing
+  rule that does not know the critical path cannot be monotone everywhere (Graham's anomalies), and
+  benchmarks/monotonicity_census.py, the long run over the project's own workloads, still finds a few such kernels
+  (sim.py, "Faster is not always sooner", names them)."""
 
 import functools
 
@@ -27,7 +29,6 @@ CHIPS = ("910b2", "910c-die", "950dt-36")
 knobs = settings(max_examples=15, deadline=None, derandomize=True,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 resources = st.sampled_from(sorted(RESOURCES))
-BUFFERS = ("l0a", "l0b", "l0c", "l1", "ub")
 chips = st.sampled_from(CHIPS)
 # a decode-sized and a prefill-sized token count per family, with shapes of the models' ops
 tokens = st.sampled_from([1, 2, 16, 64, 256, 2048, 4096])
@@ -74,9 +75,8 @@ def check_kernel(name: str, shape: dict, chip_name: str, resource: str) -> None:
     assert big.result.time <= incumbent * (1 + NOISE), \
         f"{where}: chose {big.kernel} at {big.result.time * 1e6:.4f} us over the smaller chip's {small.kernel} at " \
         f"{incumbent * 1e6:.4f} us"
-    if resource in BUFFERS:
-        assert big.result.time <= small.result.time * (1 + NOISE), \
-            f"{where}: {small.result.time * 1e6:.4f} -> {big.result.time * 1e6:.4f} us"
+    assert big.result.time <= small.result.time * (1 + NOISE), \
+        f"{where}: {small.result.time * 1e6:.4f} -> {big.result.time * 1e6:.4f} us"
 
 
 def _kernel_property(name: str):
@@ -96,7 +96,10 @@ for _name in KERNELS:
 def test_the_reported_cases_are_no_longer_slower():
     """The cases issue 15 and its census named: flash attention on 950dt-36 with twice the cube rate (0.0054 ->
     0.0108 ms), quantise 4096 x 576 with more UB (5.63 / 5.92 / 6.06 us), a decode GEMM with more L0B and L1, the
-    row-wise norm of a few tokens with more UB (one block on one core)."""
+    row-wise norm of a few tokens with more UB (one block on one core); and the fixed traces the engine timed later
+    on a faster chip while writes shared HBM with reads: the W8A8 q_b_proj on 910B2 with twice the cube rate (its
+    AIVs' stores took HBM from the AIC's B tiles: 60.9 -> 65.0 us) and RoPE 2048 x 129 heads on a 910C with twice
+    the vector rate (the stores overlapped the next tile's loads: 63.3 -> 65.1 us)."""
     check_kernel("flash_attention", {"tokens": 1, "keys": 4096, "heads": 16, "kv_heads": 1, "causal": 0},
                  "950dt-36", "cube")
     chip = chip_named("910c-die")
@@ -105,6 +108,8 @@ def test_the_reported_cases_are_no_longer_slower():
     for res in ("l0b", "l1"):
         check_kernel("gemm", {"m": 1024, "n": 7168, "k": 1536}, "910c-die", res)
     check_kernel("rowwise", {"rows": 8, "dim": 4096}, "950dt-36", "ub")
+    check_kernel("quant_matmul", {"m": 256, "k": 1536, "n": 24576}, "910b2", "cube")
+    check_kernel("rope", {"tokens": 2048, "heads": 129, "dim": 64}, "910c", "vector")
 
 
 # Small, fast deployments: V3.1-shaped R1 decode on CloudMatrix384 (decode-only, as tests/test_predict.py), and
@@ -118,8 +123,8 @@ SCENARIOS = {
 
 
 @settings(max_examples=5, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(sorted(SCENARIOS)), st.sampled_from(BUFFERS))
-def test_predictions_never_slower_with_a_larger_buffer(scenario, resource):
+@given(st.sampled_from(sorted(SCENARIOS)), resources)
+def test_predictions_never_slower_with_more_resource(scenario, resource):
     kwargs = SCENARIOS[scenario] | {"input": 2048}
     base = api.predict(**kwargs)
     chip = api.load_setup(kwargs["hw"], kwargs["model"], kwargs["plan"], kwargs["quant"]).system.chip_spec

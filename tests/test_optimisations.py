@@ -37,7 +37,7 @@ def test_fusion_keeps_intermediates_on_chip_and_launches_once(setup, moe_layer):
     q_b = _op(moe_layer, "q_b_proj")
     alone, fused = op_time(q_b, chip, OpRun("eager")), op_time(q_b, chip, OpRun("none", input_on_chip=True))
     assert fused.activity.hbm_bytes < alone.activity.hbm_bytes
-    assert fused.activity.l2_bytes > alone.activity.l2_bytes
+    assert fused.activity.l2_bytes == alone.activity.l2_bytes  # every GM read crosses L2 either way
     assert fused.time < alone.time
     place = placements([o.name for o in moe_layer.ops], Fusion(mla_prolog=True))
     assert place["attn_norm"].first and not place["q_a_proj"].first and place["q_a_proj"].input_on_chip

@@ -70,7 +70,8 @@ def test_the_ladder_one_stream_two_microbatches_split():
     full = predict(**A16, input=4096, output=1024, batch=6144, context=4096,
                    overrides={"plan.streams.two_microbatch": "true"})
     # the ladder of experiments/two_microbatch_ladder.py: on all cores two microbatches read every weight twice;
-    # on 16 + 8 cores they overlap attention with the MoE path and come within a few % of one stream
+    # on 16 + 8 cores they overlap attention with the MoE path and gain a few % over one stream (CloudMatrix-Infer,
+    # arXiv 2506.12708, reports the split as a gain)
     assert full.tpot > 1.15 * base.tpot
     assert split.tpot < 0.85 * full.tpot
-    assert split.tpot == pytest.approx(base.tpot, rel=0.03)
+    assert 0.95 * base.tpot < split.tpot < base.tpot

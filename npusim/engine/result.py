@@ -49,7 +49,7 @@ class KernelResult:
     bound: str  # cube | vector | hbm | l2 | sync | launch | mte2 | mte1 | fixpipe | mte3 | scalar
     flops: float  # useful FLOPs of the op
     hbm_bytes: float  # simulated HBM traffic
-    l2_bytes: float  # simulated traffic served by L2
+    l2_bytes: float  # simulated traffic through L2 (every GM read and write crosses it, its misses HBM too)
     roofline: float  # max(compute at peak, compulsory HBM bytes at peak bandwidth), no launch
     roofline_bound: str
     events: int  # simpy events processed

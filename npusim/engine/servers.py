@@ -11,6 +11,9 @@ until it releases them (a held server serves nothing; its flows wait).
 A flow has a `weight`: a folded group (Group.copies = n) is simulated once, and each of its transfers stands for n
 identical transfers issued at the same instant by the n copies; it takes n shares of the server, each moving
 `remaining` bytes at `rate` bytes/s.
+
+A kernel's HBM is a `WriteBack` server: behind the write-back L2 its flows are reads, served first, and the bytes
+written to L2 drain to it with the bandwidth the reads leave (npusim.engine.sim says why).
 """
 
 from __future__ import annotations
@@ -61,10 +64,13 @@ class FluidServer:
     def start(self, flow: Flow) -> None:
         self._advance()
         self.moved += flow.remaining * flow.weight
+        self._add(flow)
+        self._reschedule()
+
+    def _add(self, flow: Flow) -> None:
         self.flows.append(flow)
         insort(self.order, flow, key=_cap)  # after equal caps: the order a stable sort of `flows` would give
         self.weight += flow.weight
-        self._reschedule()
 
     def hold(self, amount: float) -> None:
         """Take `amount` of the bandwidth away from the flows (negative: give it back)."""
@@ -146,3 +152,105 @@ class FluidServer:
         self.stamp += dt
         self._due += dt
         self._wake_at += dt
+
+
+class WriteBack(FluidServer):
+    """HBM behind the write-back L2: its flows (reads) are served first, and the bytes written to L2 (dirty) go on
+    to HBM with the bandwidth the reads leave.
+
+    A write completes for its pipe when L2 has taken it; its `accept`ed bytes then wait in L2 as dirty data. They
+    drain at the bandwidth the flows leave (nobody waits on them, so none of the flows' rates depends on how many
+    there are), up to `capacity`: a write that finds more dirty bytes than that waits until the drain has brought
+    them back to it (a replacement writes back before new data enters), and while writes wait the drain is a flow
+    of the server with one share per waiting write, as they would have had writing through. The dirty level is
+    advanced lazily, like a flow's bytes: between two reschedules the drain's rate is constant, so the level is a
+    line cut at zero, and running dry needs no event.
+    """
+
+    def __init__(self, env: simpy.Environment, name: str, bandwidth: float, capacity: float):
+        super().__init__(env, name, bandwidth)
+        self.capacity = capacity  # dirty bytes (all copies) L2 holds before a write waits for HBM
+        self.dirty = 0.0  # as of `stamp`
+        self.drain = bandwidth  # bytes/s the dirty bytes leave at since `stamp` (what the flows leave)
+        self.waiting: list[tuple[float, int, Callable[[], None]]] = []  # writes over capacity: (bytes, weight, done)
+        self.forced: Flow | None = None  # the drain while writes wait (bytes per share above capacity)
+        self.emptied = 0  # times the dirty bytes ran out (sim.py: a steady state without one may drift)
+        self.accepted = 0.0  # bytes taken into L2, all copies
+
+    def accept(self, size: float, weight: int, done: Callable[[], None]) -> None:
+        """A write of `size` dirty bytes (all copies) by `weight` copies has reached L2: `done` when it is taken."""
+        self._advance()
+        if self.dirty <= self.capacity and not self.waiting:
+            self._take(size)
+            done()
+            return
+        self.waiting.append((size, weight, done))
+        self._force()
+
+    def level(self, now: float) -> tuple[float, int]:
+        """(dirty bytes, times emptied) at `now`, without advancing the server."""
+        left = self.dirty - self.drain * (now - self.stamp)
+        if left > 0.0 or self.dirty <= 0.0:
+            return max(left, 0.0), self.emptied
+        return 0.0, self.emptied + 1
+
+    def finish(self) -> float:
+        """When the last dirty byte has reached HBM, once no flow is left (the end of the kernel)."""
+        self._advance()
+        tail = self.dirty / self.drain if self.dirty > 0.0 else 0.0
+        self.busy += tail
+        self.dirty = 0.0
+        return self.stamp + tail
+
+    def _take(self, size: float) -> None:
+        self.dirty += size
+        self.moved += size
+        self.accepted += size
+
+    def _force(self) -> None:
+        """(Re)start the drain that the waiting writes share in."""
+        if self.forced is not None:
+            self.flows.remove(self.forced)
+            self.order.remove(self.forced)
+            self.weight -= self.forced.weight
+        weight = sum(w for _, w, _ in self.waiting)
+        self.forced = Flow(-1, max(0.0, self.dirty - self.capacity) / weight, math.inf, weight, self._admit)
+        self._add(self.forced)
+        self._reschedule()
+
+    def _admit(self) -> None:
+        """The drain has brought the dirty bytes back to capacity: the first waiting write is taken."""
+        self.forced = None
+        self.dirty = self.capacity
+        size, _, done = self.waiting.pop(0)
+        self._take(size)
+        done()
+        if self.waiting:
+            self._force()
+        else:
+            self._set_drain()
+
+    def _advance(self) -> None:
+        dt = self.env.now - self.stamp
+        if dt > 0.0 and self.dirty > 0.0 and self.drain > 0.0:
+            if not self.flows:
+                self.busy += min(dt, self.dirty / self.drain)
+            self.dirty -= self.drain * dt
+            if self.dirty <= 0.0:
+                self.dirty = 0.0
+                self.emptied += 1
+        super()._advance()
+
+    def _reschedule(self) -> None:
+        super()._reschedule()
+        self._set_drain()
+
+    def _set_drain(self) -> None:
+        if self.forced is not None:
+            self.drain = self.forced.rate * self.forced.weight
+        else:
+            self.drain = max(0.0, self.bandwidth - self.held - sum(f.rate * f.weight for f in self.flows))
+
+    def state(self) -> tuple[tuple, list[float]]:
+        structure, left = super().state()
+        return structure + (tuple(w for _, w, _ in self.waiting),), left

@@ -13,13 +13,23 @@ Model
   `chip.overheads.cross_core_sync`.
 * Work: CUBE takes max(flops / cube rate, operand bytes / cube feed rate); VECTOR likewise with the vector unit;
   both rates are scaled by `chip.efficiency.cube` / `.vector`. On-core copies (MTE1, FIXPIPE to L1...) move at
-  their pipe's route rate. A GM read becomes two fluid flows, `hit` of its bytes through the L2 read server and the
-  rest through the HBM server; a GM write likewise, `hit` of it (a workspace re-read soon stays in the write-back
-  L2) through the L2 write server and the rest through HBM. L2 reads and writes are separate servers (the ini's
-  l2_read_rate and l2_write_rate are separate paths), HBM one; the servers' bandwidths are scaled by
-  `chip.efficiency.l2` / `.hbm` (see servers.py). One core's DMA moves the hits at the pipe's GM route and the
-  misses at its `hbm>DST` route where the chip gives one (a stream waiting on HBM latency): each flow is capped so
-  that both would end together at that mixed rate.
+  their pipe's route rate. GM goes through L2: with Ascend C's default CACHE_MODE_NORMAL every GM access of MTE2,
+  MTE3 and FIXPIPE enters L2, a miss is filled from GM, and a line replaced in L2 is written back to GM first
+  ("Setting a Proper L2 CacheMode", CANN 8.5 Ascend C best practices, atlas_ascendc_best_practices_10_00014, A2 and
+  A3). So a GM read is a fluid flow of all its bytes through the L2 read server and, for the share it misses
+  (1 - `hit`), one through HBM; one core's DMA moves the hits at the pipe's GM route and the misses at its
+  `hbm>DST` route where the chip gives one (a stream waiting on HBM latency), each flow capped so that both would
+  end together at that mixed rate. A GM write is a flow through the L2 write server and ends there, L2 being a
+  write-back cache; its bytes not marked `hit` (a workspace re-read soon stays in L2) are dirty and go on to HBM
+  later. HBM serves reads first and drains the dirty bytes with the bandwidth the reads leave, as a memory
+  controller buffers writes and turns to them when no read waits (gem5 src/mem/MemCtrl.py @ 392c1ce,
+  write_low_thresh_perc "Threshold to start writes if the read queue is empty"; mem_ctrl.cc processNextReqEvent
+  @ 145853d). The dirty bytes are bounded by L2's size: a write finding that many waits until the drain has made
+  room (the replacement writes back before the new data enters), and while writes wait the drain takes a fair share
+  of HBM per waiting write beside the reads (gem5 forces writes past write_high_thresh_perc). A kernel ends when
+  HBM has every dirty byte (servers.WriteBack): its write traffic is its own, so no kernel beats its roofline by
+  leaving writes to the next. L2 reads and writes are separate servers (the ini's l2_read_rate and l2_write_rate
+  are separate paths), HBM one; the servers' bandwidths are scaled by `chip.efficiency.l2` / `.hbm` (servers.py).
 * Discrete gathers: a GM read that stands for `issues` DMA instructions (the rows a gather selects, one instruction
   per row or pair of rows) first spends the time the core takes to issue the instructions after the first
   (`issue_cycles` each: the scalar's index read, address arithmetic and the copy's issue; the first is in the
@@ -46,7 +56,11 @@ Loop compression (steady state, then exact extrapolation)
 Instructions carry no iteration-dependent data, so the simulated chip is a deterministic machine whose future
 depends only on its state: each runner's position (loop frames and instruction index), what it is doing (time left
 in its instruction, flag it waits on, its flows), the flag counts and waiter queues, the flows in the servers
-(bytes left) and cross-core flag raises in flight. Loop iteration counters matter only when a loop exits.
+(bytes left), the dirty bytes in L2 and the writes waiting for room, and cross-core flag raises in flight. Loop
+iteration counters matter only when a loop exits, and the dirty bytes only when they run out or fill L2: while
+they do neither, the drain takes whatever the reads leave at any level, so a level that grew (reads keep HBM busy)
+or shrank over a period that is otherwise periodic is extrapolated like the totals, for as many periods as it
+provably stays clear of zero and of L2's size (_drift).
 
 Whenever a runner starts a loop iteration, the engine snapshots that state with times taken relative to now
 (cheap: a few tuples per runner). If it equals (within 1e-6 relative) a snapshot taken at an earlier start of the
@@ -71,17 +85,39 @@ die this spans 494-510 ms (-2.8 % to +0.4 % of the 508 ms of its balanced dealin
 phase the cycle they settle into can depend on float round-off. The tilings deal equal work to every core (the
 causal ramps in paired units) so the groups run together, as the uniform (non-causal) shapes of the predictions do.
 
+Dirty bytes belong to their kernel (a modelling limit)
+-----------------------------------------------------
+On the chip a kernel's dirty lines stay in L2 after it ends and are written back when later traffic replaces them;
+npusim drains them within the kernel, in the HBM time its reads leave and after its last instruction, so a kernel's
+time holds its own write traffic (in a step each kernel's write-back stands for the one its successors would do in
+their idle HBM time). Only writes wait for room; a read miss never waits for a replacement's write-back, and the
+kernel's L2 holds only its dirty bytes (its reused inputs are the trace's `hit` fractions, whatever L2 holds).
+
 Faster is not always sooner (a modelling limit)
 -----------------------------------------------
 The shared servers are fair, not critical-path aware: a faster unit can start a transfer earlier, where it takes
-bandwidth from one on the critical path, so a fixed trace can end later on a faster chip. Issue 15's census
-(benchmarks/monotonicity_census.py) finds 28 of 3,420 checks slower at 6d72162, every one a rate and every one this:
-the smaller chip's own tiling runs later on the larger chip, so no choice among the same candidates could avoid it.
-The worst: a W8A8 q_b_proj 256 x 1536 x 24576 on a 910B2 with twice the cube rate 60.9 -> 65.0 us (launched as a
-step does; 64.8 -> 68.9 us standalone), RoPE 2048 tokens x 129 heads on a 910C die with twice the vector rate 63.3 ->
-65.1 us (HBM-bound: the stores now overlap the next tile's loads and HBM idles between the bursts), V4 attention up to
-+0.7 %, a prefill TTFT +0.004 %. The tilings never make this worse for a buffer (npusim.engine.tune), but a rate's
-what-if can show it.
+bandwidth from one on the critical path, and a faster producer can fill its buffers and then pay the DMA start-up
+that a slower one hid, so a fixed trace can end later on a faster chip. No work-conserving sharing rule blind to
+the critical path is monotone everywhere (Graham's scheduling anomalies), and the hardware's arbiters are not
+critical-path aware either. Reads first and writes ending in L2 removed the main source (issue 15's census,
+benchmarks/monotonicity_census.py, at 831206a: 37 of 5,157 checks slower, writes sharing HBM with the reads the
+critical path waited on: a W8A8 q_b_proj 256 x 1536 x 24576 on a 910B2 with twice the cube rate 60.9 -> 65.0 us,
+RoPE 2048 tokens x 129 heads on a 910C with twice the vector rate 63.3 -> 65.1 us). What the census still finds,
+10 of 5,157 checks, every one the smaller chip's own tiling running later on the larger chip:
+* L2 shared by phase-locked pipelines: V4 attention over 8192 tokens and keys with the 1:128 compressed keys on a
+  910B1 or a 910C die, twice the HBM bandwidth, +3.9 % (2729.5 -> 2835.2 us): the cyclic schedule of the AICs' and
+  AIVs' L2 streams has two steady states, and HBM 1.10x or faster starts it in the slower one (1.05x: 2727.1 us,
+  1.10x: 2823.6 us); the lightning indexer with twice the cube rate +0.13 % (910B3 decode) and +0.18 % (a 910C's
+  128K prefill), V4 attention 128 x 1024 with twice the HBM bandwidth +0.14 %, SFA on a 950DT with twice the vector
+  rate +0.02 % (and the 32K prefill's TTFT that holds it, +0.01 %). With L2 ten times faster on both chips each of
+  these is gone.
+* Latency no longer hidden: the V4 indexer's KV compressor (m = 8) on a 950DT with twice the HBM bandwidth, +0.9 %
+  (6.685 -> 6.742 us launched as a step does): its loads then outrun the cube, fill the L1 double buffer, and each
+  load after a wait for a free buffer pays the DMA start-up that back-to-back loads hid.
+A slower chip's schedule is one a faster chip could run (pace each unit to the slower rate), but neither the
+hardware nor a tuner that measures tilings does that, so npusim reports the time the faster chip's pipes, run as
+fast as they can, take. The tilings never make this worse for a buffer (npusim.engine.tune), but a rate's what-if
+can show it; tests/test_monotonicity.py checks the rates end to end over its kernel families and predictions.
 """
 
 from __future__ import annotations
@@ -98,7 +134,7 @@ from simpy.events import NORMAL
 from npusim.errors import NpusimError
 from npusim.kernels.trace import CORE_PIPES, Instr, Trace
 from npusim.engine.layout import GroupLayout, LoopView, layout
-from npusim.engine.servers import FluidServer, Flow
+from npusim.engine.servers import FluidServer, Flow, WriteBack
 from npusim.spec.chip import Chip
 
 HISTORY = 12  # longest period, in loop iterations, that the steady-state check recognises
@@ -171,6 +207,7 @@ class Op:
     barrier: bool = False  # sync_all: wait for every core before raising the sets
     tail: float = -1.0  # on-core ops: the work behind which the next op's latency hides (else measured)
     count: int = 1  # instructions it stands for (a chain of on-core ops is run as one, see _chain)
+    dirty: float = 0.0  # a GM write: bytes per copy it leaves in L2 for HBM (its `hit` share stays in L2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,6 +359,16 @@ class Snapshot:
     counters: tuple[tuple[int, int], ...]  # (serial, iteration) of every frame, aligned with `frames`
     frames: tuple[Frame, ...]
     totals: tuple[float, ...]  # accumulated statistics, extrapolated by the jump
+    dirty: "Dirty"
+
+
+@dataclass(frozen=True, slots=True)
+class Dirty:
+    """The bytes written to L2 and not yet to HBM at a snapshot (servers.WriteBack)."""
+
+    level: float
+    emptied: int  # times they ran out so far
+    accepted: float  # bytes taken into L2 so far
 
 
 @dataclass(frozen=True)
@@ -346,7 +393,8 @@ class Simulation:
         self._serial = itertools.count()
         self._uid = itertools.count()
         eff = chip.efficiency
-        self.servers = {"hbm": FluidServer(self.env, "hbm", chip.hbm.bandwidth * eff.hbm),
+        self.hbm = WriteBack(self.env, "hbm", chip.hbm.bandwidth * eff.hbm, chip.l2.size)
+        self.servers = {"hbm": self.hbm,
                         "l2": FluidServer(self.env, "l2", chip.l2.read_bandwidth * eff.l2),
                         "l2w": FluidServer(self.env, "l2w", chip.l2.write_bandwidth * eff.l2)}
         self.flags: list[Flag] = []
@@ -415,8 +463,6 @@ class Simulation:
         work = 0.0
         path = f"{ins.src}>{ins.dst}"  # a dtype-specific route (e.g. 4-bit L1->L0 extract) overrides the path's rate
         route = spec.routes.get(f"{path}:{ins.dtype}", spec.routes.get(path, spec.bytes_per_cycle)) * clock
-        hbm = l2 = 0.0
-        l2_server = "l2"
         if ins.pipe in ("cube", "vector"):
             eff = chip.efficiency.cube if ins.pipe == "cube" else chip.efficiency.vector
             unit = ins.bytes / (spec.bytes_per_cycle * clock)
@@ -431,31 +477,42 @@ class Simulation:
             # one before to leave the pipeline and is issued anew (`issue_cycles`), whatever its own work
             work = unit / eff + (ins.issues - 1) * (spec.issue_cycles or 0.0) / clock
         elif ins.src == "gm":
-            l2 = ins.bytes * ins.hit
-            hbm = ins.bytes - l2
             # a discrete gather: the core issues its DMA instructions one by one; the rows stream behind the issue
             work = max(0.0, (ins.issues - 1) * (spec.issue_cycles or 0.0) / clock - ins.bytes / route)
-        elif ins.dst == "gm":  # write-back L2: a write the tiler marks as re-read soon (workspace) stays in L2
-            l2 = ins.bytes * ins.hit
-            hbm = ins.bytes - l2
-            l2_server = "l2w"
-        else:
+        elif ins.dst != "gm":
             work = ins.bytes / route
-        # one core's DMA moves the L2 hits at the pipe's rate and the misses at its HBM rate, one after the other:
-        # each flow is capped so that both end together (one rate: the pipe's rate shared in proportion to bytes)
-        miss = min(route, spec.routes.get(f"hbm>{ins.dst}", math.inf) * clock) if ins.src == "gm" else route
-        span = (hbm + l2) / route if miss == route else l2 / route + hbm / miss
-        flows = tuple((self.servers[name], size, route * size / (hbm + l2) if miss == route else size / span)
-                      for name, size in (("hbm", hbm), (l2_server, l2)) if size > 0)
+        flows, dirty = self._gm_flows(ins, spec, route)
         return Op(ins.op, waits, sets, spec.latency_cycles / clock, work, flows, ins.op == "sync_all",
-                  -1.0 if flows else work)
+                  -1.0 if flows else work, dirty=dirty)
+
+    def _gm_flows(self, ins: Instr, spec, route: float) -> tuple[tuple, float]:
+        """The flows of a GM transfer and the bytes per copy a write leaves dirty in L2.
+
+        A read crosses L2 whole, and the share it misses (1 - hit) comes from HBM first; one core's DMA moves the
+        hits at the pipe's rate and the misses at its HBM rate, one after the other, so each flow is capped to end
+        when both would uncontended. A write goes to L2 at the pipe's rate and ends there; the share not marked
+        `hit` (a workspace re-read soon stays in L2) is dirty, for the HBM server to drain (servers.WriteBack)."""
+        if ins.src == "gm" and ins.bytes > 0:
+            hits = ins.bytes * ins.hit
+            misses = ins.bytes - hits
+            span = hits / route + misses / min(route, spec.routes.get(f"hbm>{ins.dst}", math.inf) * self.chip.clock)
+            return tuple((self.servers[name], size, size / span)
+                         for name, size in (("hbm", misses), ("l2", ins.bytes)) if size > 0), 0.0
+        if ins.dst == "gm" and ins.bytes > 0:
+            return ((self.servers["l2w"], ins.bytes, route),), ins.bytes * (1.0 - ins.hit)
+        return (), 0.0
 
     # ------------------------------------------------------------------------------------------------ execution
     def transfer(self, runner: Runner, op: Op) -> None:
-        """Start the op's flows; the runner wakes when the last one finishes."""
+        """Start the op's flows; the runner wakes when the last one finishes (a write's, when L2 has taken its dirty
+        bytes)."""
         if len(op.flows) == 1:
             server, size, cap = op.flows[0]
-            server.start(Flow(runner.index, size, cap, runner.weight, runner.wake))
+            end = runner.wake
+            if op.dirty:
+                dirty, weight = op.dirty * runner.weight, runner.weight
+                end = lambda: self.hbm.accept(dirty, weight, runner.wake)  # noqa: E731
+            server.start(Flow(runner.index, size, cap, runner.weight, end))
             return
         left = [len(op.flows)]
 
@@ -499,7 +556,7 @@ class Simulation:
             what = f"waits forever on flag '{r.flag.name}'" if r.flag else "never finishes"
             raise NpusimError(f"{self.trace.kernel}: the trace deadlocks: group {r.group} {r.core} {r.pipe.upper()} "
                               f"{what} (a set/wait pair or an initial count in Group.flags is missing)")
-        end = max([env.now] + [r.busy for r in self.free])
+        end = max([env.now, self.hbm.finish()] + [r.busy for r in self.free])  # the kernel ends once HBM has its writes
         return Outcome(end, tuple(self.runners), self.servers, self.events, self.extrapolated, self.spans)
 
     # ------------------------------------------------------------------------------------------- steady state
@@ -515,7 +572,7 @@ class Simulation:
         snap = self._snapshot()
         history = self.history.setdefault((runner.index, frame.loop.uid), [])
         for old in reversed(history):
-            periods, moved = self._periods(old, snap)
+            periods, moved = self._periods(old, snap, self.hbm.capacity)
             if periods > 0:
                 self._jump(old, snap, periods, moved)
                 return
@@ -547,17 +604,19 @@ class Simulation:
         for flag, due in sorted(self.pending, key=lambda t: t[1]):
             key.append(flag.uid)
             numbers.append(due - now)
-        return Snapshot(now, tuple(key), tuple(numbers), tuple(counters), tuple(frames), tuple(totals))
+        dirty = Dirty(*self.hbm.level(now), self.hbm.accepted)
+        return Snapshot(now, tuple(key), tuple(numbers), tuple(counters), tuple(frames), tuple(totals), dirty)
 
     @staticmethod
-    def _periods(old: Snapshot, new: Snapshot) -> tuple[int, list[tuple[Frame, int]]]:
-        """How many whole periods old -> new can be repeated before any moved loop reaches its last iteration."""
+    def _periods(old: Snapshot, new: Snapshot, capacity: float) -> tuple[int, list[tuple[Frame, int]]]:
+        """How many whole periods old -> new can be repeated before any moved loop reaches its last iteration
+        (or the dirty bytes in L2, if they moved, might run out or fill it: _drift)."""
         if new.time <= old.time or old.key != new.key:
             return 0, []
         for a, b in zip(old.numbers, new.numbers):
             if not math.isclose(a, b, rel_tol=TOLERANCE, abs_tol=1e-15):
                 return 0, []
-        periods, moved = math.inf, []
+        periods, moved = _drift(old.dirty, new.dirty, capacity), []
         for (s0, i0), (s1, i1), frame in zip(old.counters, new.counters, new.frames):
             if s0 != s1:
                 if i0 != i1:  # a loop re-entered and now elsewhere: not the same state
@@ -595,12 +654,38 @@ class Simulation:
         for server in self.servers.values():
             server.moved, server.busy = next(it), next(it)
             server.shift(shift)
+        if not _same(old.dirty.level, new.dirty.level):
+            self.hbm.dirty += periods * (new.dirty.level - old.dirty.level)
+        self.hbm.accepted += periods * (new.dirty.accepted - old.dirty.accepted)
         self.extrapolated += shift
         # snapshots of the loops that moved are stale; those of enclosing loops stay comparable (the jump is part of
         # their next period), so an outer loop of identical iterations with inner jumps is found periodic too
         jumped = {frame.loop.uid for frame, _ in moved}
         for key in [k for k in self.history if k[1] in jumped]:
             del self.history[key]
+
+
+def _same(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=TOLERANCE, abs_tol=1e-15)
+
+
+def _drift(old: Dirty, new: Dirty, capacity: float) -> float:
+    """How many periods the dirty bytes in L2 allow to jump. Any number when their level repeats. When it moved by
+    delta, the rest of the chip is still periodic if they never ran out (the drain then takes whatever the flows
+    leave, at any level) and no write waited for room, and it stays so only while the level provably keeps clear of
+    zero and capacity: a period adds at most its inflow before anything drains, and drains at most inflow - delta
+    (bounds, not the path, so a jump may stop a period early: exact, only less compressed)."""
+    if _same(old.level, new.level):
+        return math.inf
+    if new.emptied != old.emptied or old.level <= 0.0 or new.level <= 0.0:
+        return 0
+    delta = new.level - old.level
+    inflow = new.accepted - old.accepted
+    drained = inflow - delta
+    if new.level - drained <= 0.0 or new.level + inflow > capacity:
+        return 0
+    room = capacity - inflow - new.level if delta > 0.0 else new.level - drained
+    return math.floor(room / abs(delta))
 
 
 def _chains(a: Op, b: Op) -> bool:

@@ -31,7 +31,8 @@ class Instr:
     """One tile instruction on one pipe.
 
     bytes: data moved (MTE*/FIXPIPE) or streamed through the unit (VECTOR); flops: arithmetic (CUBE/VECTOR);
-    hit: fraction of a GM read served by L2 instead of HBM (the tiler knows the reuse across cores);
+    hit: fraction of a GM read served by L2 instead of HBM (the tiler knows the reuse across cores), of a GM write
+    kept in L2 and never written back to HBM within the kernel (a workspace read back and overwritten);
     issues: the DMA instructions the core issues one after another for this transfer (a gather of discrete rows
     issues one per row or pair of rows; 1 for a contiguous tile) or, on VECTOR, the instructions of a chain each
     behind a PipeBarrier that this one stands for (1: one instruction, or a stream the pipe overlaps);

@@ -5,7 +5,8 @@ allgather_gemm; the shape of CANN's MC2 MatmulAllReduce / AllGatherMatmul).
 GEMM + all-reduce (`gemm_all_reduce`), the output blocks reduce-scattered while the GEMM still runs:
 * The GEMM is the engine's tile trace of npusim.kernels.gemm on one rank's chip, on the AI cores. Each output block
   is ready when its FIXPIPE store to GM ends (npusim.engine.completions), as pto-isa's compute kernel enqueues a
-  block's index after its TSTORE.
+  block's index after its TSTORE. A store ends in the write-back L2; the GEMM ends when HBM has the last blocks'
+  write-back (npusim.engine.sim), which runs beside the collective.
 * The communication kernel runs beside it on the vector cores of the same chip (pto-isa: 24 AIVs on their own
   stream, one ready queue per AIC). Reduce-scatter phase: it takes the blocks in the order they are ready and sends
   each to the rank that owns it (a remote atomic add); the link is one server, so a block of b bytes holds it for
@@ -77,6 +78,7 @@ def gemm_all_reduce(gemm: Gemm, system: System, group: int) -> FusedTime:
         tasks.append(Task(f"rs.{i}", "comm", rs / len(ready), after=(f"gemm.{i}",), resource="link",
                           category="comm"))
         last = end
+    tasks.append(Task("gemm.write_back", "compute", max(0.0, alone.time - alone.launch - last), resource=""))
     tasks.append(Task("ag", "comm", ag, resource="link", category="comm"))
     return _fused(tasks, alone.launch, alone.time, rs + ag)
 

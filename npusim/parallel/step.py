@@ -293,11 +293,9 @@ def _add_part(sched: _Schedule, part: RankLayer, tag: str, prev: str | None, off
         stream, aic = cores.of(offset + i)
         warm_input = (producer is not None and producer.activity is not None and op.name not in feeds
                       and carried(producer.activity.hbm_bytes, chip))
-        run = OpRun(launch if place.first else "none", plan.kernels.get(kernel_name(op)), aic, place.input_on_chip,
-                    place.output_on_chip)
+        run = OpRun(launch if place.first else "none", plan.kernels.get(kernel_name(op)), aic,
+                    place.input_on_chip or warm_input, place.output_on_chip)
         t = _op_time(op, chip, run, plan)
-        if warm_input and not place.input_on_chip:  # an L2 hit never slows the NPU (the engine's fair shares can)
-            t = min(t, _op_time(op, chip, dataclasses.replace(run, input_on_chip=True), plan), key=lambda x: x.time)
         if count:
             sched.ops.append((t, count))
         side = streams.shared_expert_side_stream and op.name in SIDE_STREAM_OPS
