@@ -103,7 +103,8 @@ critical-path aware either. Reads first and writes ending in L2 removed the main
 benchmarks/monotonicity_census.py, at 831206a: 37 of 5,157 checks slower, writes sharing HBM with the reads the
 critical path waited on: a W8A8 q_b_proj 256 x 1536 x 24576 on a 910B2 with twice the cube rate 60.9 -> 65.0 us,
 RoPE 2048 tokens x 129 heads on a 910C with twice the vector rate 63.3 -> 65.1 us). What the census still finds,
-10 of 5,157 checks, every one the smaller chip's own tiling running later on the larger chip:
+9 of 3,474 checks (fewer checks: a step no longer times a carried input's launch cold as well), every one the
+smaller chip's own tiling running later on the larger chip:
 * L2 shared by phase-locked pipelines: V4 attention over 8192 tokens and keys with the 1:128 compressed keys on a
   910B1 or a 910C die, twice the HBM bandwidth, +3.9 % (2729.5 -> 2835.2 us): the cyclic schedule of the AICs' and
   AIVs' L2 streams has two steady states, and HBM 1.10x or faster starts it in the slower one (1.05x: 2727.1 us,
