@@ -16,9 +16,9 @@ from npusim.errors import NpusimError
 from npusim.graph.ops import Op
 from npusim.kernels.catalog import kernel
 from npusim.kernels.trace import Loop
-from npusim.parallel import optime, step
+from npusim.parallel import optime, shard, step
 from npusim.spec import catalog
-from npusim.spec.chip import load_chip
+from npusim.spec.chip import CHIPS, load_chip
 from npusim.spec.reads import ReadsMemo, resolve
 from npusim.spec.system import load_system
 from npusim.sweeps import run as sweep_run
@@ -196,6 +196,39 @@ def test_pinned_files_are_read_once_until_unpinned(bad_chip):
     finally:
         catalog.pin_files(False)
     assert load_chip(path).clock == 1.6e9
+
+
+def test_pinned_directories_are_listed_once_until_unpinned(tmp_path, monkeypatch):
+    """While pinned, a catalog directory is listed once (load_system checks its chip's name at every point); a file
+    added meanwhile is listed once unpinned."""
+    (tmp_path / "hardware" / "chips").mkdir(parents=True)
+    (tmp_path / "hardware" / "chips" / "a.yaml").write_text("")
+    monkeypatch.setenv("NPUSIM_HOME", str(tmp_path))
+    catalog.pin_files()
+    try:
+        assert CHIPS.names() == ["a"]
+        (tmp_path / "hardware" / "chips" / "b.yaml").write_text("")
+        assert CHIPS.names() == ["a"]
+    finally:
+        catalog.pin_files(False)
+    assert CHIPS.names() == ["a", "b"]
+
+
+def test_rank_step_memo_hits_on_equal_content_and_misses_on_a_field_the_step_reads():
+    """shard is memoised by the content of the model, plan, quantisation, phase and scenario: the same content is
+    the same step; another batch, context or MTP depth is a new one, equal to a step cut from empty memos."""
+    setup = npusim.api.load_setup(A16["hw"], A16["model"], A16["plan"], A16["quant"])
+    cfg, pl, quant = setup.model, setup.plan, setup.quant
+    args = dict(batch=2048, length=4608, quant=quant)
+    forget()
+    first = shard.shard(cfg, pl, "decode", **args)
+    assert shard.shard(cfg, pl, "decode", **args) is first
+    deeper = dataclasses.replace(pl, mtp=dataclasses.replace(pl.mtp, depth=pl.mtp.depth + 1))
+    for variant in ((pl, dict(args, batch=3072)), (pl, dict(args, length=4609)), (deeper, args)):
+        step = shard.shard(cfg, variant[0], "decode", **variant[1])
+        assert step is not first
+        forget()
+        assert shard.shard(cfg, variant[0], "decode", **variant[1]) == step
 
 
 def test_layer_memo_hits_where_a_layer_does_not_look_and_misses_where_it_does(no_disk_cache):

@@ -5,6 +5,7 @@ Counted from the config alone, independently of the op graph, so tests can cross
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from npusim.spec.model import OVERLAP_RATIO, ModelConfig
@@ -177,7 +178,10 @@ def _layer(model: ModelConfig, layer: int) -> tuple[dict[str, float], float, flo
     return acc, active, indexer
 
 
+@functools.lru_cache(maxsize=64)
 def parameters(model: ModelConfig) -> ParamCount:
+    """The model's parameters, counted once per model content (a frozen spec: equal fields, equal counts; every
+    sweep point's memory reads them). Shared: its dicts are not to be changed."""
     by_class: dict[str, float] = {c: 0.0 for c in WEIGHT_CLASSES}
     by_class[UNQUANTISED] = 0.0
     activated = indexer = 0.0

@@ -19,12 +19,18 @@ The graph builder gives the ops of a step for a batch. A rank under the plan see
   tokens per die fit the fused dispatch (`moe.fused_dispatch_tokens`, vllm-ascend's MC2 capacity), which routes
   inside its kernel as decode's does; no re-routing where the experts' rows never leave the rank.
 Collectives are placed between the op that produces their input and the op that consumes their output.
+
+A step is memoised by the content of what it is cut from (the model, the plan, the quantisation, the phase and the
+scenario's batch, length and cached tokens): sweep points along a rate (HBM bandwidth) or a figure the step does not
+read (MTP acceptance) share it, and a refusal is raised anew.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from npusim.errors import NpusimError
@@ -244,10 +250,32 @@ def _unrouted(inst: Instance, die_tokens: float) -> tuple[str, ...]:
     return REROUTING if inst.moe.ep * inst.moe.tp == 1 else ()
 
 
+MEMO_SIZE = 1024
+_steps: OrderedDict[str, RankStep] = OrderedDict()
+
+
 def shard(model: ModelConfig, plan: Plan, phase: str, *, batch: int, length: int, quant: QuantScheme,
           cached: int = 0) -> RankStep:
     """The busiest rank's step. `batch` is the instance's global batch; `length` the prompt tokens computed now
-    (prefill, on top of `cached` per sequence already in the cache) or the context (decode)."""
+    (prefill, on top of `cached` per sequence already in the cache) or the context (decode). Memoised by content
+    (see the module)."""
+    key = hashlib.blake2b(repr((model, plan, phase, batch, length, quant, cached)).encode(), digest_size=20).hexdigest()
+    step = _steps.get(key)
+    if step is None:
+        step = _steps[key] = _shard(model, plan, phase, batch, length, quant, cached)
+        if len(_steps) > MEMO_SIZE:
+            _steps.popitem(last=False)
+    else:
+        _steps.move_to_end(key)
+    return step
+
+
+def clear_memo() -> None:
+    _steps.clear()
+
+
+def _shard(model: ModelConfig, plan: Plan, phase: str, batch: int, length: int, quant: QuantScheme,
+           cached: int) -> RankStep:
     inst = plan.instance(phase)
     a = inst.attention
     replicas = a.dp * inst.instances

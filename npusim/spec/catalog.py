@@ -57,7 +57,8 @@ _LOADED: OrderedDict[tuple, object] = OrderedDict()  # Catalog.load's memo
 LOADED_SIZE = 512
 
 
-_PINNED: dict[tuple[str, str, str], str] | None = None  # the file digest per (directory, name, cwd) while pinned
+# while pinned: the file digest per (directory, name, cwd), and a directory's names per (directory, "*", cwd)
+_PINNED: dict[tuple[str, str, str], str | list[str]] | None = None
 
 
 def clear_loaded() -> None:
@@ -67,9 +68,10 @@ def clear_loaded() -> None:
 
 
 def pin_files(on: bool = True) -> None:
-    """While pinned, Catalog.load reads the files a name can reach once, not at every load: a sweep takes its files
-    as fixed while it runs (its point cache keys every point by one fingerprint of them, taken once), and reading
-    the catalog directories was 40 % of a warm point's CPU. Unpinning forgets the digests."""
+    """While pinned, Catalog.load reads the files a name can reach once, not at every load, and Catalog.names lists a
+    directory once: a sweep takes its files as fixed while it runs (its point cache keys every point by one
+    fingerprint of them, taken once), and reading the catalog directories was 40 % of a warm point's CPU. Unpinning
+    forgets the digests."""
     global _PINNED
     _PINNED = {} if on else None
 
@@ -88,7 +90,14 @@ class Catalog:
         return data_root() / self.subdir
 
     def names(self) -> list[str]:
-        return sorted(p.stem for p in self.directory.glob("*.yaml"))
+        """The names in the directory (listed once while pinned: a sweep's every point checks its chip's name)."""
+        where = (str(self.directory), "*", os.getcwd())
+        if _PINNED is not None and where in _PINNED:
+            return list(_PINNED[where])
+        names = sorted(p.stem for p in self.directory.glob("*.yaml"))
+        if _PINNED is not None:
+            _PINNED[where] = names
+        return list(names)
 
     def path_of(self, name: str) -> Path:
         p = Path(name)

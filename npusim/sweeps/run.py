@@ -81,13 +81,16 @@ def evaluate(point: Point, params: CostParams = CostParams()) -> dict:
 
 
 def forget() -> None:
-    """Empty every in-process memo a prediction fills (specs, tile traces, engine layouts, kernel results, op times,
-    layer times): the next point runs cold, as in a fresh process (benchmarks, and the tests that compare with
-    unmemoised runs)."""
+    """Empty every in-process memo a prediction fills (specs, rank steps, parameter counts, tile traces, engine
+    layouts, kernel results, op times, layer times): the next point runs cold, as in a fresh process (benchmarks,
+    and the tests that compare with unmemoised runs)."""
     from npusim.engine import layout
     from npusim.engine.result import clear_memo
-    from npusim.parallel import optime, step
+    from npusim.graph import accounting
+    from npusim.parallel import optime, shard, step
     catalog.clear_loaded()
+    shard.clear_memo()
+    accounting.parameters.cache_clear()
     optime.clear_memos()
     layout.clear()
     clear_memo()
