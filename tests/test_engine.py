@@ -34,13 +34,14 @@ def test_compression_matches_full_simulation():
             assert a.busy == pytest.approx(b.busy, rel=0.01) and a.ops == b.ops
 
 
-@pytest.mark.parametrize("shape,opts", [({"tokens": 2048, "keys": 4096}, {"block_n": 256}),  # paired causal units
-                                        ({"tokens": 1, "keys": 131072, "batch": 2, "causal": 0},
-                                         {"dtype": "int8"})])  # ranges + merge (the Mat-Duce kernel's long ranges)
-def test_compression_matches_full_simulation_of_the_indexer(shape, opts):
+@pytest.mark.parametrize("shape,opts,chip", [({"tokens": 2048, "keys": 4096}, {"block_n": 256}, "910b2"),  # pairs
+                                             ({"tokens": 1, "keys": 131072, "batch": 2, "causal": 0},
+                                              {"dtype": "fp8"}, "950pr")])  # ranges + merge (the 950's Mat-Duce)
+def test_compression_matches_full_simulation_of_the_indexer(shape, opts, chip):
     """Outer loops of identical units whose inner loops were jumped are found periodic too; exact all the same."""
-    trace = catalog.kernel("lightning_indexer", shape, **opts).trace(CHIP)
-    fast, full = Simulation(trace, CHIP).run(), Simulation(trace, CHIP, compress=False).run()
+    chip = load_chip(chip)
+    trace = catalog.kernel("lightning_indexer", shape, **opts).trace(chip)
+    fast, full = Simulation(trace, chip).run(), Simulation(trace, chip, compress=False).run()
     assert fast.extrapolated > 0.3 * fast.time and fast.events < full.events
     assert fast.time == pytest.approx(full.time, rel=1e-9)
     for a, b in zip(fast.runners, full.runners):
