@@ -268,15 +268,12 @@ class Runner:
         self.resume = (stream.send,)
         stream.send(None)
 
-    def sleep(self, delay: float) -> None:
+    def wake(self, delay: float = 0.0) -> None:
         """Resume the stream `delay` from now, its event scheduled as simpy schedules a timeout (delay 0: as an
         event that succeeds now, after the events already due)."""
         event, env = self.event, self.env
         event.callbacks = self.resume
         heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), event))  # Environment.schedule inlined
-
-    def wake(self) -> None:
-        self.sleep(0.0)
 
     def process(self, sim: "Simulation"):
         """The stream, resumed by its event after each wait (flag, work, transfer, barrier); it ends parked."""
@@ -306,7 +303,7 @@ class Runner:
                 fixed = latency + node.work
                 if fixed:
                     self.act, self.end = RUNNING, now + fixed
-                    self.sleep(fixed)
+                    self.wake(fixed)
                     yield
                 if node.flows:
                     self.act = TRANSFER
@@ -399,7 +396,7 @@ class Simulation:
                         "l2": FluidServer(self.env, "l2", chip.l2.read_bandwidth * eff.l2),
                         "l2w": FluidServer(self.env, "l2w", chip.l2.write_bandwidth * eff.l2)}
         self.flags: list[Flag] = []
-        self.pending: list[tuple[Flag, float]] = []  # cross-core raises in flight: (flag, due time)
+        self.pending: list[list] = []  # cross-core raises in flight: [flag, due time] (a jump moves the time)
         self.runners: list[Runner] = []
         self.free: list[Runner] = []  # timed in closed form, not run
         self.history: dict[tuple[int, int], list[Snapshot]] = {}
@@ -526,12 +523,11 @@ class Simulation:
             server.start(Flow(runner.index, size, cap, runner.weight, done))
 
     def raise_later(self, flag: Flag, delay: float) -> None:
-        token = (flag, self.env.now + delay)
+        token = [flag, self.env.now + delay]
         self.pending.append(token)
 
         def arrive(_event):
-            # a steady-state jump re-times pending tokens, so find this flag's earliest raise rather than the tuple
-            self.pending.remove(min((t for t in self.pending if t[0] is flag), key=lambda t: t[1]))
+            self.pending.remove(token)  # (or an equal one: the same flag due at the same time)
             flag.release()
 
         self.env.timeout(delay).callbacks.append(arrive)
@@ -647,7 +643,8 @@ class Simulation:
         for r in self.runners:
             r.start += shift
             r.end += shift
-        self.pending[:] = [(flag, due + shift) for flag, due in self.pending]
+        for token in self.pending:
+            token[1] += shift
         grown = [b + periods * (b - a) for a, b in zip(old.totals, new.totals)]
         it = iter(grown)
         for r in self.runners:
