@@ -12,11 +12,11 @@ HBM-bandwidth axis) walks the trace once; each simulation then compiles the dist
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 
 from npusim.errors import NpusimError
 from npusim.kernels.trace import CORE_PIPES, Group, Instr, Loop, Node, Trace
+from npusim.memo import Lru
 
 MEMO_SIZE = 1024
 
@@ -54,20 +54,12 @@ class GroupLayout:
     programs: tuple[ProgramLayout, ...]
 
 
-_memo: OrderedDict[str, tuple[GroupLayout, ...]] = OrderedDict()
+_memo: Lru[tuple[GroupLayout, ...]] = Lru(MEMO_SIZE)
 
 
 def layout(trace: Trace) -> tuple[GroupLayout, ...]:
     """The trace's groups laid out (memoised by Trace.structure, the last MEMO_SIZE used kept)."""
-    key = trace.structure
-    found = _memo.get(key)
-    if found is None:
-        found = _memo[key] = tuple(_group(trace.kernel, group) for group in trace.groups)
-        if len(_memo) > MEMO_SIZE:
-            _memo.popitem(last=False)
-    else:
-        _memo.move_to_end(key)
-    return found
+    return _memo.get(trace.structure, lambda: tuple(_group(trace.kernel, group) for group in trace.groups))
 
 
 def clear() -> None:

@@ -20,12 +20,12 @@ excluded) and the chip's field values (its repr, which leaves out provenance, co
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from dataclasses import dataclass
 
 from npusim.engine.sim import Outcome, Simulation
 from npusim.errors import NpusimError
 from npusim.kernels.trace import Trace
+from npusim.memo import Lru
 from npusim.spec.chip import Chip
 
 LAUNCH_MODES = ("eager", "graph", "device", "none")
@@ -146,7 +146,7 @@ def _bound(peak: dict[str, float], servers: dict[str, float], sync: float, launc
 
 
 # ------------------------------------------------------------------------------------------------------ memo
-_memo: OrderedDict[str, KernelResult] = OrderedDict()
+_memo: Lru[KernelResult] = Lru(MEMO_SIZE)
 
 
 def content_key(trace: Trace, chip: Chip, launch: str = "eager") -> str:
@@ -158,15 +158,8 @@ def content_key(trace: Trace, chip: Chip, launch: str = "eager") -> str:
 
 def simulate(trace: Trace, chip: Chip, *, launch: str = "eager") -> KernelResult:
     """Time one kernel launch (memoised by content)."""
-    key = content_key(trace, chip, launch)
-    if key in _memo:
-        _memo.move_to_end(key)
-        return _memo[key]
-    result = summarise(trace, chip, Simulation(trace, chip).run(), launch_cost(chip, launch, is_mix(trace)))
-    _memo[key] = result
-    if len(_memo) > MEMO_SIZE:
-        _memo.popitem(last=False)
-    return result
+    return _memo.get(content_key(trace, chip, launch), lambda: summarise(
+        trace, chip, Simulation(trace, chip).run(), launch_cost(chip, launch, is_mix(trace))))
 
 
 def simulate_timeline(trace: Trace, chip: Chip, *, launch: str = "eager") -> tuple[KernelResult, Timeline]:

@@ -30,13 +30,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from collections import OrderedDict
 from dataclasses import dataclass
 
 from npusim.errors import NpusimError
 from npusim.graph import accounting
 from npusim.graph.builder import build_graph
 from npusim.graph.ops import ModelGraph, Op
+from npusim.memo import Lru
 from npusim.parallel.collectives import Collective
 from npusim.spec.model import ModelConfig
 from npusim.spec.plan import Instance, ModelCode, Plan
@@ -250,8 +250,7 @@ def _unrouted(inst: Instance, die_tokens: float) -> tuple[str, ...]:
     return REROUTING if inst.moe.ep * inst.moe.tp == 1 else ()
 
 
-MEMO_SIZE = 1024
-_steps: OrderedDict[str, RankStep] = OrderedDict()
+_steps: Lru[RankStep] = Lru(1024)
 
 
 def shard(model: ModelConfig, plan: Plan, phase: str, *, batch: int, length: int, quant: QuantScheme,
@@ -260,14 +259,7 @@ def shard(model: ModelConfig, plan: Plan, phase: str, *, batch: int, length: int
     (prefill, on top of `cached` per sequence already in the cache) or the context (decode). Memoised by content
     (see the module)."""
     key = hashlib.blake2b(repr((model, plan, phase, batch, length, quant, cached)).encode(), digest_size=20).hexdigest()
-    step = _steps.get(key)
-    if step is None:
-        step = _steps[key] = _shard(model, plan, phase, batch, length, quant, cached)
-        if len(_steps) > MEMO_SIZE:
-            _steps.popitem(last=False)
-    else:
-        _steps.move_to_end(key)
-    return step
+    return _steps.get(key, lambda: _shard(model, plan, phase, batch, length, quant, cached))
 
 
 def clear_memo() -> None:

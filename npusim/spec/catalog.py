@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
 from npusim.errors import NpusimError, did_you_mean
+from npusim.memo import Lru
 from npusim.spec.schema import BuildContext, Leaf, build, merge, normalise, read_yaml, set_path, setting
 
 
@@ -53,8 +53,7 @@ class Provenance:
         return {"file": self.file, "field": path}
 
 
-_LOADED: OrderedDict[tuple, object] = OrderedDict()  # Catalog.load's memo
-LOADED_SIZE = 512
+_LOADED: Lru[object] = Lru(512)  # Catalog.load's memo
 
 
 # while pinned: the file digest per (directory, name, cwd), and a directory's names per (directory, "*", cwd)
@@ -136,17 +135,11 @@ class Catalog:
         (type hints, units, checks) costs more than a warm prediction's engine work. The key is the name, the
         overrides in order, the working directory and data root (provenance names files relative to them) and the
         contents of every file the name can reach; a spec is frozen, so sharing it is safe."""
-        key = self._load_key(name, overrides)
-        hit = _LOADED.get(key)
-        if hit is not None:
-            _LOADED.move_to_end(key)
-            return hit
-        tree, shown = self.raw(name)
-        spec = self.from_tree(tree, shown, overrides)
-        _LOADED[key] = spec
-        if len(_LOADED) > LOADED_SIZE:
-            _LOADED.popitem(last=False)
-        return spec
+        def build() -> object:
+            tree, shown = self.raw(name)
+            return self.from_tree(tree, shown, overrides)
+
+        return _LOADED.get(self._load_key(name, overrides), build)
 
     def _load_key(self, name: str, overrides: dict[str, str] | None) -> tuple:
         over = tuple((k, repr(v)) for k, v in (overrides or {}).items())
