@@ -80,12 +80,10 @@ class Timeline:
 
 def roofline(trace: Trace, chip: Chip) -> tuple[float, str]:
     """The analytic lower bound: every unit at peak, HBM moving only the compulsory bytes."""
-    cube_flops = vector_time = 0.0
-    for prog, ins, mult in trace.instructions():
-        if ins.pipe == "cube":
-            cube_flops += ins.flops * mult
-        elif ins.pipe == "vector" and ins.flops:
-            vector_time += ins.flops * mult / chip.vector_rate(ins.dtype)
+    cube_flops = trace.pipe_totals().get("cube", {}).get("flops", 0.0)
+    vector_time = 0.0
+    for flops, dtype in trace.vector_flops:
+        vector_time += flops / chip.vector_rate(dtype)
     terms = {"hbm": trace.hbm_bytes / chip.hbm.bandwidth,
              "l2": trace.l2_bytes / (chip.l2.read_bandwidth + chip.l2.write_bandwidth),
              "vector": vector_time / (chip.aiv.count * chip.clock)}

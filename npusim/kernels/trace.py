@@ -125,6 +125,13 @@ class Trace:
         return {p: dict(c) for p, c in out.items() if c}
 
     @functools.cached_property
+    def vector_flops(self) -> tuple[tuple[float, str], ...]:
+        """(FLOPs x multiplicity, dtype) of each vector instruction that computes, in program order, listed once per
+        trace (the roofline times each at its dtype's rate on every chip the trace is timed on)."""
+        return tuple((ins.flops * mult, ins.dtype) for _, ins, mult in self.instructions()
+                     if ins.pipe == "vector" and ins.flops)
+
+    @functools.cached_property
     def structure(self) -> str:
         """A digest of what the engine times: each group's copies, flags and programs, every instruction but its
         functional action. Computed once per trace (the engine keys its memo by it; a sweep reuses tile traces
