@@ -151,9 +151,11 @@ def runs(todo: list[int], size: int) -> list[list[int]]:
 def collecting():
     """While a run of points is evaluated: automatic garbage collection off (see the module) and the spec files
     pinned (read once, catalog.pin_files); at the end the frozen objects are handed back to the collector and its
-    state restored."""
+    state restored. What lives when the run starts is frozen too: a Dask worker's runs follow one another, and the
+    first collection of each would otherwise read every memo the runs before it filled."""
     enabled = gc.isenabled()
     gc.disable()
+    gc.freeze()
     catalog.pin_files()
     try:
         yield
