@@ -16,9 +16,12 @@ batch and bandwidth axes share the GEMMs and the tile traces (a decode attention
 sweep's point cache is off and every mode starts from an empty kernel disk cache, so each mode computes everything
 it reports.
 
-Measured (2 local processes on the 2-core machine, shared with other work; CPU is the figure load does not distort):
-  main at 5bee777, 2026-12-06: acceptance 178 s wall, 150 s CPU (load ~3.5); output 338 s wall, 420 s CPU (load ~3)
-  main at 831206a, 2026-12-06: acceptance 302 s wall, 218 s CPU (load ~3.5); output 345 s wall, 635 s CPU (load ~1.5)
+Measured (2 local processes on the 2-core machine, shared with other work; CPU is the figure load does not distort
+much, wall the one it does):
+  main at fa3f4a8, 2026-12-06: acceptance 71 s wall, 139 s CPU (load ~3); output 155 s wall, 306 s CPU (load ~1),
+    358 s wall, 365 s CPU (load ~3); output on a Dask LocalCluster of 2 workers 378 s wall, 484 s CPU (load ~3),
+    frames identical to the local ones
+  main at 831206a, 2026-12-06: acceptance 302 s wall, 218 s CPU (load ~3.5); output 276 s wall, 540 s CPU (load ~1.8)
 """
 
 from __future__ import annotations
