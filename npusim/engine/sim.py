@@ -126,7 +126,6 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-
 from heapq import heappop, heappush
 
 import simpy

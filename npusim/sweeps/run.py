@@ -4,10 +4,11 @@ cluster, into one DataFrame whose rows are in the sweep's point order whatever r
 Garbage collection: a sweep's process keeps growing memos (specs, tile traces, kernel and layer results), and
 CPython's full collections traverse every live object, so with automatic collection a 10,000-point sweep spent about
 a quarter of its CPU in the collector re-reading the memos. While points run (`collecting`), automatic collection
-is off; after each point one collection frees what the point left (a simulation's reference cycles) and
-`gc.freeze()` moves the survivors (the memos' new entries) out of the collector's sight, so the next collection
-reads only what the next point allocates. Frozen objects are still freed by reference counting when the memos drop
-them (they hold no reference cycles: tests/test_memo.py checks it).
+is off; after each point one collection frees what the point left in reference cycles (few: a finished simulation
+is freed by reference counting) and `gc.freeze()` moves the survivors (the memos' new entries) out of the
+collector's sight, so the next collection reads only what the next point allocates; a run freezes what lives when
+it starts as well. Frozen objects are still freed by reference counting when the memos drop them (they hold no
+reference cycles: tests/test_memo.py checks it).
 """
 
 from __future__ import annotations
