@@ -15,8 +15,7 @@ has evicted its own early output, and the consumer starts cold. An input that a 
 peers' writes land in the window buffer, not in this die's L2 by any measurement we have).
 
 Limits: the residency is all or nothing (a footprint above L2 is cold throughout; LRU under a partial fit, the
-other agents sharing L2, the set associativity are not modelled); a step's activations that the previous kernel
-just wrote are timed cold like its weights.
+other agents sharing L2, the set associativity are not modelled).
 """
 
 from __future__ import annotations
@@ -30,8 +29,8 @@ L2_STATES = ("cold", "warm")
 
 
 def resident(trace: Trace, chip: Chip) -> bool:
-    """A replay of the trace keeps its footprint in L2."""
-    return trace.hbm_bytes <= chip.l2.size
+    """A replay of the trace keeps its footprint in L2 (the test a step's carried output passes, on its own bytes)."""
+    return carried(trace.hbm_bytes, chip)
 
 
 def warm(trace: Trace, chip: Chip) -> Trace:

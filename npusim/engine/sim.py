@@ -610,7 +610,7 @@ class Simulation:
         if new.time <= old.time or old.key != new.key:
             return 0, []
         for a, b in zip(old.numbers, new.numbers):
-            if not math.isclose(a, b, rel_tol=TOLERANCE, abs_tol=1e-15):
+            if not _same(a, b):
                 return 0, []
         periods, moved = _drift(old.dirty, new.dirty, capacity), []
         for (s0, i0), (s1, i1), frame in zip(old.counters, new.counters, new.frames):
@@ -663,6 +663,7 @@ class Simulation:
 
 
 def _same(a: float, b: float) -> bool:
+    """Two snapshot numbers are the same state (within the matching tolerance)."""
     return math.isclose(a, b, rel_tol=TOLERANCE, abs_tol=1e-15)
 
 
