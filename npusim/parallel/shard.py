@@ -14,6 +14,14 @@ The graph builder gives the ops of a step for a batch. A rank under the plan see
   over at least the attention-TP group, whose heads it reduces;
 - routed experts: the rank's experts ((routed + redundant) / ep) fed with its share's top-k rows (gathered over the
   MoE-TP group) times the routing imbalance (busiest rank / mean), weights read once per touched expert;
+- MoE tensor parallelism without EP (moe.tp > 1, ep 1): no token leaves its rank. Every die of the group holds a
+  1/tp slice of every expert's intermediate dimension, so the group's hidden states are all-gathered after the FFN
+  norm, the gate, the local routing, the experts, their finalize (moe_combine) and the shared expert (split as a
+  dense TP MLP) run on all of the group's tokens, and the partial sums are reduce-scattered back to each die's share
+  (an all-reduce of the hidden state in bytes): SGLang's Qwen3MoeSparseMoeBlock (python/sglang/srt/models/
+  qwen3_moe.py: experts then tensor_model_parallel_all_reduce) and vllm-ascend's all-gather MoE path
+  (vllm_ascend/ops/fused_moe/token_dispatcher.py TokenDispatcherWithAllGather: npu_moe_init_routing on the rank's
+  own rows, npu_moe_finalize_routing, the FusedMoE's all-reduce after it); no all-to-all, no re-routing;
 - kv_b_proj of an MHA-mode prefill: every key the rank attends to, under CP the whole gathered sequence.
 - a prefill's MoE routing passes (init_routing, re_routing, the un-sort) and its bulk all-to-alls, unless its
   tokens per die fit the fused dispatch (`moe.fused_dispatch_tokens`, vllm-ascend's MC2 capacity), which routes
@@ -51,6 +59,7 @@ HEAD = ("lm_head",)
 EMBED = ("embedding",)
 TOKEN_KEYS = ("m", "tokens", "rows", "pairs", "sequences")
 SIDE_STREAM_OPS = ("shared_gate_up", "shared_swiglu", "shared_down")
+GATING = ("moe_gate_cast", "moe_gate", "moe_init_routing", "moe_combine")
 # up-projects (or repeats) every key the rank attends to: under CP the whole gathered sequence
 ALL_KEYS = ("kv_b_proj", "k_rope_repeat")
 # no head dimension (the latent path), or never split (the DSA indexer: "no tensor parallel, just replicated" in
@@ -129,6 +138,11 @@ def _routed(op: Op, tokens: float, inst: Instance, model: ModelConfig, plan: Pla
     return dataclasses.replace(scaled, shape=shape, bytes_read=scaled.bytes_read + w, weight_bytes=w)
 
 
+def tp_experts(inst: Instance) -> bool:
+    """MoE tensor parallelism without expert parallelism: every die holds a slice of every expert, tokens stay."""
+    return inst.moe.ep == 1 and inst.moe.tp > 1
+
+
 def shard_op(op: Op, inst: Instance, model: ModelConfig, plan: Plan, token_scale: float) -> Op:
     """One op as the rank runs it; `token_scale` is the rank's share of the graph's tokens on the attention side
     (the whole attention-TP group's), `die` the share each die keeps once attention has split them."""
@@ -148,7 +162,13 @@ def shard_op(op: Op, inst: Instance, model: ModelConfig, plan: Plan, token_scale
         return scale_op(op, tokens=die * t, n_div=t)
     if op.name in EMBED:
         return scale_op(op, tokens=token_scale, weights=1.0 / inst.embed_tp)
-    if op.name in SIDE_STREAM_OPS or op.name in ("moe_gate_cast", "moe_gate", "moe_init_routing", "moe_combine"):
+    if tp_experts(inst) and op.name in SIDE_STREAM_OPS:  # the shared expert split as a dense TP MLP
+        g = inst.moe.tp
+        split_k = op.name == "shared_down"
+        return scale_op(op, tokens=die * g, n_div=1 if split_k else g, k_div=g if split_k else 1)
+    if tp_experts(inst) and op.name in GATING:  # the group's tokens, gathered before the gate
+        return scale_op(op, tokens=die * inst.moe.tp, weights=1.0)
+    if op.name in SIDE_STREAM_OPS or op.name in GATING:
         return scale_op(op, tokens=die, weights=1.0)
     if op.name in ALL_KEYS:
         return scale_op(op, tokens=1.0 / a.tp, weights=1.0 / a.tp)
@@ -188,9 +208,10 @@ def _comms(name: str, ops: tuple[Op, ...], inst: Instance, model: ModelConfig, q
             if a.cp > 2:
                 out.append(Comm("cp_kv_ring_rest", rest, consumer, "attention" if consumer != "attention" else ""))
     die = tokens / a.tp  # each die's share once attention has split the group's tokens
-    if "q_a_proj" in names and a.tp > 1:  # the split tokens of the last layer gathered again for attention
-        prev = names[names.index("q_a_proj") - 1]
-        add("attn_tp_all_gather", "all_gather", tokens * h * 2, a.tp, prev, "q_a_proj")
+    first = next((n for n in ("q_a_proj", "qkv_proj") if n in names), None)  # MLA's latent path, GQA's fused qkv
+    if first and a.tp > 1:  # the split tokens of the last layer gathered again for attention
+        prev = names[names.index(first) - 1]
+        add("attn_tp_all_gather", "all_gather", tokens * h * 2, a.tp, prev, first)
     o_op = next((n for n in O_PROJ if n in names), None)
     o = inst.o_proj_group
     if o_op and o > 1:
@@ -202,7 +223,11 @@ def _comms(name: str, ops: tuple[Op, ...], inst: Instance, model: ModelConfig, q
         kind = "all_reduce" if a.tp > 1 and a.tp_reduce == "all_reduce" and o == a.tp else "reduce_scatter"
         add("o_proj_reduce_scatter" if kind == "reduce_scatter" else "o_proj_all_reduce", kind, die * o * h * 2, o,
             o_op, nxt)
-    if "experts_gate_up" in names and inst.moe.ep * inst.moe.tp > 1:
+    if "experts_gate_up" in names and tp_experts(inst):  # the hidden state gathered, the partial sums reduced
+        g = inst.moe.tp
+        add("moe_tp_all_gather", "all_gather", die * g * h * 2, g, "ffn_norm", names[names.index("ffn_norm") + 1])
+        add("moe_tp_reduce_scatter", "reduce_scatter", die * g * h * 2, g, "moe_combine", "")
+    elif "experts_gate_up" in names and inst.moe.ep * inst.moe.tp > 1:
         k, sent = model.num_experts_per_tok, die * inst.moe.tp  # every die of an expert's MoE-TP group gets its rows
         bulk = "moe_re_routing" in names  # a prefill's double routing: the rows are permuted around the all-to-all
         g = inst.moe.ep * inst.moe.tp
@@ -244,7 +269,9 @@ def _offload_bytes(ops: tuple[Op, ...], plan: Plan, model: ModelConfig, quant: Q
 
 def _unrouted(inst: Instance, die_tokens: float) -> tuple[str, ...]:
     """Routing passes a prefill step does not run: all of them when its die's tokens fit the fused dispatch
-    (moe.fused_dispatch_tokens), the re-routing when the experts' rows never leave the rank (EP x MoE TP = 1)."""
+    (moe.fused_dispatch_tokens), the re-routing when the experts' rows never leave the rank (EP = 1)."""
+    if tp_experts(inst):  # no dispatch kernel to route in: the rank routes its rows itself, none leave it
+        return REROUTING
     if die_tokens <= inst.moe.fused_dispatch_tokens:
         return ROUTING
     return REROUTING if inst.moe.ep * inst.moe.tp == 1 else ()
