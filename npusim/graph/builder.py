@@ -5,10 +5,11 @@ for V3.2, dense for V3.1 decode, naive MHA for V3.1 prefill as production serves
 request: `dense_prefill`) — then dense FFN or MoE.
 V4 (§2): mHC pre/post around each sublayer, shared-KV MQA with the sink and grouped low-rank output, Compressor and
 indexer per compress ratio, MoE with sqrt-softplus gate (hash-routed first layers) and clamped SwiGLU.
-GQA (Qwen3-MoE, GLM-4.5): one fused q/k/v projection, RMSNorm per q and k head where the model has it, RoPE on the
-rotary part of the q and k heads, K and V of the KV heads into the cache, causal flash attention with the query
-heads of a group sharing their KV head (prefill and decode alike), o_proj; then dense FFN or MoE. Q/K/V biases are
-not modelled (a vector add per output).
+GQA (Qwen3-MoE, GLM-4.5): one fused q/k/v projection, RMSNorm per q and k head where the model has it (a
+`head_rmsnorm`: the NPU backends' fused split-norm-RoPE kernel normalises a block of head rows together, see
+npusim.kernels.rowwise), RoPE on the rotary part of the q and k heads, K and V of the KV heads into the cache, causal
+flash attention with the query heads of a group sharing their KV head (prefill and decode alike), o_proj; then dense
+FFN or MoE. Q/K/V biases are not modelled (a vector add per output).
 """
 
 from __future__ import annotations
@@ -176,7 +177,7 @@ class _Layers:
         h, nh, kvh, hd = m.hidden_size, m.num_attention_heads, m.num_key_value_heads, m.head_dim
         ops = [norm("attn_norm", t, h), self.linear("qkv_proj", h, (nh + 2 * kvh) * hd, "attention")]
         if m.qk_norm:
-            ops.append(vector("qk_head_norm", "rmsnorm", {"tokens": t, "heads": nh + kvh, "width": hd},
+            ops.append(vector("qk_head_norm", "head_rmsnorm", {"tokens": t, "heads": nh + kvh, "width": hd},
                               read=BF16.bytes_for(t * (nh + kvh) * hd), written=BF16.bytes_for(t * (nh + kvh) * hd),
                               flops=4.0 * t * (nh + kvh) * hd, weight_bytes=BF16.bytes_for(2 * hd)))
         pairs = q.pairs()

@@ -5,11 +5,20 @@ pass, MTE3 UB->GM, double-buffered in UB (the tuner times a few block counts: th
 parameterised by the row op: the op's FLOPs per element and its functional meaning are all that differ. The weight
 (and LayerNorm bias) row is read by the vector pass where it lies; UB holds the fp32 working copies of a block.
 
-Barrier chains: CANN's RMSNorm (ops-nn norm/rms_norm, the NORMAL and MERGE_N templates on dav-c220) reduces each
-row on its own: x^2, a halving tree of Adds down to one 64-lane repeat, WholeReduceSum, the sum read by the scalar
-unit (a V->S->V hand-off) for 1/sqrt, then scale, gamma and the cast out, every step behind a PipeBarrier<PIPE_V>.
-The vector pass of a block stands for that chain (`chain`): the engine charges the vector pipe's `issue_cycles` for
-each instruction after the first. LayerNorm's chain is not counted (no source read): one instruction per block.
+Barrier chains: CANN's RMSNorm NORMAL template (ops-nn norm/rms_norm rms_norm.h on dav-c220) reduces each row on its
+own: x^2, a halving tree of Adds down to one 64-lane repeat, WholeReduceSum, the sum read by the scalar unit (a
+V->S->V hand-off) for 1/sqrt, then scale, gamma and the cast out, every step behind a PipeBarrier<PIPE_V>. The vector
+pass of a block stands for that chain (`chain`): the engine charges the vector pipe's `issue_cycles` for each
+instruction after the first. LayerNorm's chain is not counted (no source read): one instruction per block.
+The per-head q / k RMSNorm of Qwen3 (`head_rmsnorm`, rows = tokens x heads of head_dim 128) is not that kernel: the
+NPU backends run it inside the fused split / q-k norm / RoPE kernel (vllm-ascend vllm_ascend/ops/triton/linearnorm/
+split_qkv_rmsnorm_rope.py, sgl-kernel-npu's split_qkv_norm_rope_kernel), which loads a block of head rows as one
+tile and takes each step over the whole tile, the row sums reduced with the rows as the repeat axis, as the ops-nn
+MERGE_N template does for narrow rows (rms_norm_merge_n.h: one cast, one x^2, ReduceSumMultiN — a Duplicate, then
+per 64-lane chunk of a row one Add / WholeReduceSum over at most 255 rows — Muls, Adds, Sqrt, Duplicate, Div on the
+sums, the rstd BroadCast, the scale, gamma and the cast out). Its chain is per block, not per row (`merged_chain`).
+The plain norms keep the per-row chain: the one measured narrow RMSNorm ([515, 1536], kernels.md K193, what the
+chain's issue cost is fitted on) behaves so.
 
 AddRmsNorm (`residual` 1: torch_npu.npu_add_rms_norm, what the DeepSeek decoder layers of cann-recipes run for both
 norms, models/deepseek_r1/models/modules.py:86 @ fbc225d): the block's residual rows come in beside x, one Add over
@@ -33,7 +42,12 @@ from npusim.kernels.trace import Trace
 from npusim.spec.chip import Chip
 
 # vector FLOPs per element of each row op (estimate: count of fp32 multiply/add/compare per element)
-ROW_OPS = {"rmsnorm": 4, "layernorm": 7}
+ROW_OPS = {"rmsnorm": 4, "layernorm": 7, "head_rmsnorm": 4}
+MATH = {"head_rmsnorm": "rmsnorm"}  # the row op's functional meaning, where its name says how it runs
+LANES, MAX_REPEAT = 64, 255  # fp32 elements of one repeat; repeats of one instruction (ReduceSumForSmallReduceDim)
+# the merged template's steps around the reduction, each on the whole block (rms_norm_merge_n.h Compute): x^2,
+# Duplicate of the sums' buffer, Muls, Adds, Sqrt, Duplicate, Div, the rstd BroadCast, x * rstd, * gamma, the cast out
+MERGE_N_STEPS = 11
 
 
 @register
@@ -91,6 +105,12 @@ class RowWise(Kernel):
         row_bytes = 2 * self.arrays * nbytes(self.dtype, self.dim)
         return tuple(replace(self, block_rows=br) for br in even_tiles(share, fewest, row_bytes))
 
+    def merged_chain(self, br: int) -> int:
+        """Dependent vector instructions of a merged block of br rows (head_rmsnorm): the cast in, the fixed steps, and
+        the reduction's Add / WholeReduceSum per 64-lane chunk of a row for every 255 rows (and AddRmsNorm's Add)."""
+        return ((self.dtype != "fp32") * self.arrays + self.residual + MERGE_N_STEPS
+                + cdiv(self.dim, LANES) * cdiv(br, MAX_REPEAT))
+
     def chain(self, br: int) -> int:
         """Dependent vector instructions of a block of br rows (RMSNorm, ops-nn rms_norm.h / rms_norm_merge_n.h): the
         block's cast to fp32, then per row x^2, the halving Adds (a tail Add when dim is not a power of two),
@@ -115,8 +135,9 @@ class RowWise(Kernel):
         v.enque(inq)
 
     @stage
-    def compute(self, v: Code, inq: Queue, outq: Queue, br: int) -> None:
-        """Vector: (the residual added, then) the row op over the block, the parameters read in place."""
+    def compute(self, v: Code, inq: Queue, outq: Queue, br: int, merged: bool = False) -> None:
+        """Vector: (the residual added, then) the row op over the block, the parameters read in place; `merged`:
+        every step over the whole block (see the module)."""
         v.deque(inq)
         v.alloc(outq)
         src = Ref("ub.x", (0, 0), (br, self.dim))
@@ -125,10 +146,11 @@ class RowWise(Kernel):
             v.op("vector", "add", Act("add", src, (Ref("ub.x", (0, 0), (br, self.dim)),
                                                    Ref("ub.r", (0, 0), (br, self.dim))), self.dtype),
                  flops=1.0 * br * self.dim, bytes=4.0 * self.dim * br, dtype="fp32", src="ub", dst="ub")
-        v.op("vector", self.op, Act(self.op, Ref("ub.y", (0, 0), (br, self.dim)),
+        math = MATH.get(self.op, self.op)
+        v.op("vector", math, Act(math, Ref("ub.y", (0, 0), (br, self.dim)),
                                     (src, Ref("p", (0, 0), (-1, -1))), self.dtype),
              flops=ROW_OPS[self.op] * br * self.dim, bytes=4.0 * self.dim * br, dtype="fp32", src="ub", dst="ub",
-             issues=self.chain(br))
+             issues=self.merged_chain(br) if merged else self.chain(br))
         v.free(inq)
         v.enque(outq)
 
@@ -154,10 +176,12 @@ class RowWise(Kernel):
             prog.reserve("ub", 4.0 * self.dim * br)
         v = prog.code(AIV)
         self.copy_in(v, inq, br)
-        self.compute(v, inq, outq, br)
+        merged = self.op == "head_rmsnorm"
+        self.compute(v, inq, outq, br, merged)
         self.copy_out(v, outq, br)
         blocks = cdiv(self.rows, br)
         groups = prog.groups([Band(blocks, None, (v.body(),))], chip.aiv.count)
         return Trace(self.name, chip.name, self.shape, groups, 0.0, self.work().hbm_bytes, prog.buffers(),
                      {"op": self.op, "block_rows": br, "blocks": blocks} | ({"residual": 1} if self.residual else {})
+
                      | prog.tiling(), dtype=self.dtype)

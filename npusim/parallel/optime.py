@@ -39,7 +39,8 @@ from npusim.spec.reads import ReadsMemo
 
 GEMM_SCHEMES = {"bf16": "bf16", "fp16": "fp16", "int8": "int8", "int4": "int8", "fp8": "fp8", "mxfp8": "mxfp8",
                 "mxfp4": "mxfp4"}  # int4 weights run the int8 cube path (Ascend W4A8 unpacks to int8)
-KERNEL_OF = {"rmsnorm": "rowwise", "layernorm": "rowwise", "hadamard": "gemm", "quant": "quantise"}
+KERNEL_OF = {"rmsnorm": "rowwise", "layernorm": "rowwise", "head_rmsnorm": "rowwise", "hadamard": "gemm",
+             "quant": "quantise"}
 
 
 def kernel_name(op: Op) -> str:
