@@ -2,10 +2,12 @@
 
 Definitions follow `vllm bench serve`: TTFT = first token - arrival; TPOT = (finish - first token) / (output - 1);
 ITL = gaps between successive token emissions of a request (an MTP step emitting several tokens is one gap);
-end-to-end = finish - arrival. Throughputs are per second of the observation window, which includes the drain after
-the last arrival (what `bench serve` divides by); the steady output throughput counts only the tokens emitted between
-the first and the last arrival, per second of that window, so the drain does not dilute what a rate sustains (a window
-of no length — one request, or a burst arriving at once — falls back to the whole window).
+end-to-end = finish - arrival. The whole-run figures (ttft, tpot, ..., request / output throughput) are those of
+`bench serve`: every request, per second of the observation window with its warm-up and drain. The steady_* figures
+are those of the steady window (`steady.steady_window`): the requests arriving after the warm-up and before the
+drain, and the tokens and completions inside it per second of it. A run without one (too short; then the steady_*
+figures span its first to its last arrival, or the whole window when that has no length) or overloaded says so in
+`Summary.steady`, and an overloaded run never meets an SLO. The knee and the planner judge the steady figures.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from npusim.errors import NpusimError
+from npusim.serving.steady import SteadyWindow, steady_window
 from npusim.spec import units
 
 REQUEST_COLUMNS = ("request", "arrival", "input", "output", "prefix_hit", "generated", "preemptions", "prefill_rank",
@@ -93,23 +96,33 @@ class Summary:
     e2e: Percentiles
     slo_attainment: float | None  # share of judged requests meeting the SLO (None without an SLO)
     goodput: float | None  # requests / s completed within the SLO
-    steady_window: float  # s from the first arrival to the last (the whole window when that has no length)
+    steady_window: float  # s the steady window spans (a run without one: its first to last arrival)
     steady_output_throughput: float  # tokens emitted inside the steady window / s
+    steady_request_throughput: float  # requests completed inside the steady window / s
+    steady_ttft: Percentiles  # of the requests arriving inside the steady window
+    steady_tpot: Percentiles
+    steady_e2e: Percentiles
+    steady_slo_attainment: float | None  # share of them meeting the SLO (judged as slo_attainment)
+    steady_goodput: float | None  # of them, those meeting the SLO per second of the window
     mean_waiting: float  # requests waiting for admission (a queue), time average over the window
     mean_in_system: float  # requests arrived and not finished, time average over the window
     mean_batch: float  # sequences per step, mean over steps
     kv_usage: float  # share of KV cache in use, mean over steps weighted by step time
     preemptions: int
+    steady: SteadyWindow  # where the run was steady, or why it was not
 
     def meets(self, slo: Slo, percentile: str = "p99") -> bool:
-        """TTFT and TPOT at `percentile` ('mean', 'p50', 'p90', 'p99') within every limit the SLO gives: what a
-        planner asks of a deployment under load (NaN, nothing measured, never meets)."""
+        """TTFT and TPOT of the steady window at `percentile` ('mean', 'p50', 'p90', 'p99') within every limit the
+        SLO gives, and the run not overloaded: what a planner asks of a deployment under load (NaN, nothing measured,
+        never meets)."""
         return not self.misses(slo, percentile)
 
     def misses(self, slo: Slo, percentile: str = "p99") -> tuple[str, ...]:
-        """The latencies ('ttft', 'tpot') whose `percentile` is above the SLO's limit for them."""
-        return tuple(name for name, limit in (("ttft", slo.ttft), ("tpot", slo.tpot))
-                     if limit is not None and not getattr(getattr(self, name), percentile) <= limit)
+        """The latencies ('ttft', 'tpot') whose `percentile` over the steady window is above the SLO's limit for
+        them, then 'steady' when the run was overloaded (its load grew without bound: no percentile of it holds)."""
+        late = tuple(name for name, limit in (("ttft", slo.ttft), ("tpot", slo.tpot))
+                     if limit is not None and not getattr(getattr(self, f"steady_{name}"), percentile) <= limit)
+        return late + (("steady",) if self.steady.verdict == "overloaded" else ())
 
     def flat(self) -> dict[str, float | int | None]:
         """One row for a table across runs (a rate sweep): latencies become ttft_p99 and so on."""
@@ -157,23 +170,28 @@ class ServingResult:
             ok &= r.tpot.isna() | (r.tpot <= slo.tpot)
         return ok
 
+    def _attainment(self, measured: pd.Series, span: float) -> tuple[float | None, float | None]:
+        """SLO attainment and goodput of the `measured` requests over `span` seconds (None, None without an SLO)."""
+        if self.slo is None:
+            return None, None
+        r, window = self.requests, self.window
+        met = self.met_slo() & measured
+        # unfinished requests count once their TTFT limit has already passed unmet, else they are not judged
+        late = r.first_token.isna() & ((window - r.arrival) > (self.slo.ttft or math.inf))
+        judged = int(((r.finish.notna() | late) & measured).sum())
+        return (float(met.sum() / judged) if judged else math.nan), (float(met.sum() / span) if span else 0.0)
+
     @cached_property
     def summary(self) -> Summary:
         r, s, window = self.requests, self.steps, self.window
         done = r.finish.notna()
-        attainment = goodput = None
-        if self.slo is not None:
-            met = self.met_slo()
-            # unfinished requests count once their TTFT limit has already passed unmet, else they are not judged
-            late = r.first_token.isna() & ((window - r.arrival) > (self.slo.ttft or math.inf))
-            judged = int((done | late).sum())
-            attainment = float(met.sum() / judged) if judged else math.nan
-            goodput = float(met.sum() / window)
+        attainment, goodput = self._attainment(pd.Series(True, index=r.index), window)
         busy = s.step.sum()
-        start, end = (float(r.arrival.min()), float(r.arrival.max())) if len(r) else (0.0, 0.0)
-        if not end > start:
-            start, end = 0.0, window
+        steady = steady_window(r)
+        start, end = (steady.start, steady.end) if steady.end > steady.start else (0.0, window)
         span = end - start
+        inside = r.arrival.between(start, end)
+        steady_attainment, steady_goodput = self._attainment(inside, span)
         return Summary(
             requests=len(r), completed=int(done.sum()), window=window,
             request_throughput=float(done.sum() / window),
@@ -183,10 +201,14 @@ class ServingResult:
             e2e=Percentiles.of(r.e2e),
             slo_attainment=attainment, goodput=goodput, steady_window=span,
             steady_output_throughput=float(self._tokens_between(start, end) / span) if span else 0.0,
+            steady_request_throughput=float(r.finish.between(start, end).sum() / span) if span else 0.0,
+            steady_ttft=Percentiles.of(r.ttft[inside]), steady_tpot=Percentiles.of(r.tpot[inside]),
+            steady_e2e=Percentiles.of(r.e2e[inside]), steady_slo_attainment=steady_attainment,
+            steady_goodput=steady_goodput,
             mean_waiting=self.mean_waiting, mean_in_system=self.mean_in_system,
             mean_batch=float(s.batch.mean()) if len(s) else 0.0,
             kv_usage=float((s.kv_usage * s.step).sum() / busy) if busy else 0.0,
-            preemptions=int(r.preemptions.sum()),
+            preemptions=int(r.preemptions.sum()), steady=steady,
         )
 
     def _tokens_between(self, start: float, end: float) -> float:
@@ -212,8 +234,9 @@ def _finite(tree):
 
 
 def knee(rates, summaries, slo: Slo | None, percentile: str = "p99") -> float | None:
-    """The lowest offered rate at which the SLO is missed at `percentile` — TTFT or TPOT, whichever limits it gives
-    (None: no SLO, or it is met at every rate). Rates in increasing order, one summary each."""
+    """The lowest offered rate at which the SLO is missed at `percentile` over the steady window — TTFT or TPOT,
+    whichever limits it gives, or an overloaded run (None: no SLO, or it is met at every rate). Rates in increasing
+    order, one summary each."""
     if slo is None or (slo.ttft is None and slo.tpot is None):
         return None
     return next((rate for rate, s in zip(rates, summaries) if s.misses(slo, percentile)), None)

@@ -1,0 +1,155 @@
+"""The steady window of a serving run, whether the run reached one, and how long a run must be to reach it.
+
+A run starts empty and ends draining: while the first requests are served the number in the system climbs (no
+request leaves before one end-to-end latency has passed), and after the last arrival it falls. Neither is the
+state a deployment holds under a load, so the percentiles and throughputs that judge it come from a window:
+
+  - warm-up and drain: `E`, the p90 end-to-end latency of the requests that arrived in the first half of the run
+    (a request still unfinished counts as endless). By `E` after the first arrival the count in the system has
+    reached its level (nine in ten requests alive then arrived after the start); a request that arrives later
+    than `E` before the last arrival spends part of its life in the drain, where it waits less than under load;
+  - the window: requests arriving from first arrival + E to last arrival - E. It must span at least `E` and hold
+    `MIN_REQUESTS` arrivals, or the run is too short ('short').
+
+Inside the window a steady run's arrivals and departures balance. Two counts show a run that does not: the queue
+(requests arrived and without their first token: waiting, prefilling, crossing the link) and the number in the
+system. A count that grows over the window by more than `TOLERANCE` of the window's arrivals (the delivered rate
+that much below the offered one) and by more than `SIGMAS` times its own noise (a count of independent requests
+fluctuates like a Poisson count, so an end-minus-start difference by sqrt(2 x mean)) says the run was overloaded
+('overloaded'). A run too short for a window is still tested on its queue over the whole arrival span, whose
+warm-up is a TTFT, not an end-to-end latency.
+
+The length of a run (`run_length`) follows from the load and the end-to-end latency `e2e` of one request: an open
+loop at `rate` serves rate x (2 + MEASURED) x e2e requests (warm-up, drain, and `MEASURED` latencies measured, at
+least MIN_REQUESTS in the window), a closed loop (2 + MEASURED) rounds of its users. `e2e` comes from a pilot run
+(`pilot_e2e`) or the step model's one-request prediction.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+WARMUP_QUANTILE = 0.9  # the end-to-end quantile taken as the warm-up and the drain
+MIN_REQUESTS = 100  # arrivals the window must hold: p99 from at least a hundred requests
+TOLERANCE = 0.05  # growth of a count over the window, as a share of its arrivals, that marks an overload
+SIGMAS = 3.0  # ... and in units of the count's own noise, sqrt(2 x its mean)
+MEASURED = 4  # end-to-end latencies the window of a run of `run_length` spans
+PILOT_REQUESTS = 8  # requests of the pilot run that measures one request's end-to-end latency
+MAX_REQUESTS = 20000  # a run of `run_length` serves at most this many requests (seconds of simulation per rate)
+
+
+@dataclass(frozen=True)
+class SteadyWindow:
+    """Where a run was steady: the arrivals measured and whether their load balanced (verdict 'steady'), or why not
+    ('overloaded': a count grew; 'short': no window)."""
+
+    verdict: str  # steady | overloaded | short
+    reason: str  # one sentence; empty when steady
+    start: float  # s: requests arriving from here ...
+    end: float  # ... to here are measured (the first to the last arrival when the run is short)
+    requests: int  # arrivals inside
+    warmup: float  # s: E, the warm-up and the drain
+    offered: float  # arrivals / s inside
+    delivered: float  # completions / s inside
+    queue_growth: int  # requests without a first token: at the end of the window minus at its start
+    in_system_growth: int  # requests arrived and not finished: the same
+
+    @property
+    def reached(self) -> bool:
+        return self.verdict == "steady"
+
+
+@dataclass(frozen=True)
+class _Count:
+    """A count of requests over time, alive from `begin` to `stop` (stop = inf: still alive at the end)."""
+
+    begin: np.ndarray
+    stop: np.ndarray
+
+    def at(self, t: float) -> int:
+        return int(((self.begin <= t) & (self.stop > t)).sum())
+
+    def growth(self, start: float, end: float) -> int:
+        return self.at(end) - self.at(start)
+
+    def mean(self, start: float, end: float) -> float:
+        """Time average over [start, end]."""
+        alive = np.clip(np.minimum(self.stop, end) - np.maximum(self.begin, start), 0.0, None)
+        return float(alive.sum() / (end - start)) if end > start else 0.0
+
+    def grew(self, start: float, end: float, arrivals: int) -> bool:
+        """Grew by more than TOLERANCE of the arrivals and SIGMAS times its noise."""
+        noise = SIGMAS * math.sqrt(2.0 * self.mean(start, end))
+        return self.growth(start, end) > max(TOLERANCE * arrivals, noise)
+
+
+def steady_window(requests: pd.DataFrame) -> SteadyWindow:
+    """The steady window of a run from its request table (arrival, first_token, finish; NaN: not yet)."""
+    a = requests.arrival.to_numpy(float)
+    if a.size == 0:
+        return SteadyWindow("short", "no request arrived", 0.0, 0.0, 0, math.nan, 0.0, 0.0, 0, 0)
+    first = np.nan_to_num(requests.first_token.to_numpy(float), nan=math.inf)
+    finish = np.nan_to_num(requests.finish.to_numpy(float), nan=math.inf)
+    queue, system = _Count(a, first), _Count(a, finish)
+    t0, t1 = float(a.min()), float(a.max())
+    early = finish[a <= (t0 + t1) / 2] - a[a <= (t0 + t1) / 2]
+    e = float(np.quantile(early, WARMUP_QUANTILE, method="higher"))
+    start, end = t0 + e, t1 - e
+    inside = (a >= start) & (a <= end)
+    n = int(inside.sum())
+    if not math.isfinite(e) or end - start < e or n < MIN_REQUESTS:
+        return _short(a, finish, queue, system, t0, t1, e)
+    span = end - start
+    done = int(((finish >= start) & (finish <= end)).sum())
+    win = dict(start=start, end=end, requests=n, warmup=e, offered=n / span, delivered=done / span,
+               queue_growth=queue.growth(start, end), in_system_growth=system.growth(start, end))
+    grown = [(name, c) for name, c in (("queue", queue), ("system", system)) if c.grew(start, end, n)]
+    if not grown:
+        return SteadyWindow("steady", "", **win)
+    name, count = grown[0]
+    what = ("the queue (requests waiting for their first token)" if name == "queue" else
+            "the requests in the system")
+    return SteadyWindow("overloaded", f"no steady state: {done / span:.3g} requests/s delivered of {n / span:.3g} "
+                                      f"offered; {what} grew by {count.growth(start, end)} over the {span:.3g} s "
+                                      f"window, to {count.at(end)}", **win)
+
+
+def _short(a, finish, queue: _Count, system: _Count, t0: float, t1: float, e: float) -> SteadyWindow:
+    """No window: the run is too short, unless its queue grew over the whole arrival span (an overload)."""
+    span, n = t1 - t0, len(a)
+    done = int((finish <= t1).sum())
+    win = dict(start=t0, end=t1, requests=n, warmup=e, offered=(n - 1) / span if span else 0.0,
+               delivered=done / span if span else 0.0, queue_growth=queue.growth(t0, t1),
+               in_system_growth=system.growth(t0, t1))
+    if span > 0 and queue.grew(t0, t1, n):
+        return SteadyWindow("overloaded", f"no steady state: the queue (requests waiting for their first token) grew "
+                                          f"for the whole run, to {queue.at(t1)} at the last arrival, of {n} "
+                                          f"requests offered at {(n - 1) / span:.3g}/s", **win)
+    if not math.isfinite(e):
+        why = "requests of its first half were still running at its end"
+    else:
+        why = (f"its arrivals span {span:.3g} s, short of a warm-up and a drain of {e:.3g} s each (the p90 "
+               f"end-to-end latency) around a window of at least that long with {MIN_REQUESTS} arrivals")
+    return SteadyWindow("short", f"no steady window: {why}; serve more requests", **win)
+
+
+def run_length(e2e: float, *, rate: float | None = None, concurrency: int | None = None) -> int:
+    """Requests a run needs to reach and measure a steady window: see the module docstring."""
+    if not (e2e > 0 and math.isfinite(e2e)):
+        raise ValueError(f"an end-to-end latency must be a positive number of seconds, got {e2e}")
+    if rate is not None:
+        measured = max(MEASURED * e2e * rate, 2 * MIN_REQUESTS)  # twice: the p90 warm-up under load is longer
+        n = math.ceil(2 * e2e * rate + measured)
+    else:
+        n = (2 + MEASURED) * concurrency + 2 * MIN_REQUESTS
+    return min(n, MAX_REQUESTS)
+
+
+def pilot_e2e(served, load, seed: int = 0) -> float:
+    """Median end-to-end latency of the first `PILOT_REQUESTS` requests of `load` on `served` (a ServedPlan, or
+    anything with its `run`): what one request takes before the load has built up."""
+    return float(served.run(load, seed=seed, requests=PILOT_REQUESTS).requests.e2e.median())
