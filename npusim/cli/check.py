@@ -6,11 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import pandas as pd
-
-from npusim import api
-from npusim.checks import Baseline, check, compare, load_measured
-from npusim.cli import common
+from npusim.cli import common, defaults
 from npusim.errors import NpusimError
 
 
@@ -19,7 +15,7 @@ def register(sub) -> None:
                                      "predicted vs measured for a vLLM bench serve JSON / a CSV")
     p.add_argument("file", help="baseline YAML (workloads/baselines/), vLLM bench serve result .json, or .csv")
     p.add_argument("--update", action="store_true", help="rewrite the baseline's values with today's predictions")
-    d = api.DEFAULT
+    d = defaults.SCENARIO
     p.add_argument("--hw", default=d["hw"], help="measured files: the system they ran on, unless a column says")
     p.add_argument("--model", default=d["model"], help="measured files: the model, unless a column says")
     p.add_argument("--plan", default=d["plan"], help="measured files: the plan, unless a column says")
@@ -30,6 +26,8 @@ def register(sub) -> None:
 
 
 def run(args) -> None:
+    from npusim.checks import compare, load_measured
+
     overrides = common.parse_overrides(args.overrides)
     if Path(args.file).suffix in (".yaml", ".yml"):
         _baseline(args, overrides)
@@ -43,6 +41,10 @@ def _baseline(args, overrides) -> None:
     if args.update and overrides:
         raise NpusimError("--update with --set would record values the scenarios do not reproduce; put overrides in "
                           "a scenario's 'set:' instead", file=args.file, field="--set")
+    import pandas as pd
+
+    from npusim.checks import Baseline, check
+
     baseline = Baseline.load(args.file)
     rows, updated = check(baseline, overrides)
     frame = pd.DataFrame([r.row() for r in rows])

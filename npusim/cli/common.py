@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import math
 import sys
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from npusim.errors import NpusimError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 FORMATS = ("table", "json", "csv")
 
@@ -56,6 +58,8 @@ def parse_overrides(items: list[str]) -> dict[str, str]:
 
 def emit(frame: pd.DataFrame, fmt: str, *, title: str | None = None, extra: dict | None = None, out=None) -> None:
     """Print one table; JSON carries `extra` (totals, metadata) beside the rows."""
+    import pandas as pd  # here, not at the top: building the parser (every --help) stays light
+
     out = out or sys.stdout
     if fmt == "json":
         payload = {"rows": json.loads(frame.to_json(orient="records"))}

@@ -4,7 +4,7 @@ each variant (one more switch) buys."""
 from __future__ import annotations
 
 from npusim.cli import common
-from npusim.results.compare import METRICS, compare
+from npusim.results.compare import METRICS
 
 
 def register(sub) -> None:
@@ -21,6 +21,8 @@ def register(sub) -> None:
 
 
 def run(args) -> None:
+    from npusim.results.compare import compare
+
     cmp = compare(*args.scenarios, overrides=common.parse_overrides(args.overrides))
     frame = cmp.table()
     extra = {}

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pandas as pd
-
 from npusim.cli import common
 from npusim.errors import NpusimError, did_you_mean
 from npusim.spec import units
@@ -79,6 +77,8 @@ def _headline(name: str, kind: str, chip: Chip, packages: int, ranks: int, inter
 
 
 def run_list(args) -> None:
+    import pandas as pd
+
     records = []
     for name in CHIPS.names():
         c = load_chip(name)
@@ -94,6 +94,8 @@ def run_list(args) -> None:
 
 
 def run_show(args) -> None:
+    import pandas as pd
+
     spec = load(args.name, common.parse_overrides(args.overrides))
     frame = pd.DataFrame(rows(spec))
     if not args.sources:
@@ -102,6 +104,8 @@ def run_show(args) -> None:
 
 
 def run_diff(args) -> None:
+    import pandas as pd
+
     a, b = load(args.a), load(args.b)
     if type(a) is not type(b):
         raise NpusimError(f"cannot compare chip and system ('{args.a}' vs '{args.b}'): give two chips or two systems")

@@ -9,16 +9,17 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from npusim.cli.common import add_format, add_set, emit, parse_overrides, seed
-from npusim.engine.tune import tuned
 from npusim.errors import NpusimError, as_written
-from npusim.kernels import catalog
-from npusim.kernels.base import KERNELS, Kernel, capacity
-from npusim.spec.chip import Chip, load_chip
+from npusim.kernels.base import KERNELS, capacity
+from npusim.spec.chip import load_chip
+
+if TYPE_CHECKING:  # NumPy, pandas, the kernels' catalog and the engine load in the commands that use them, so
+    # that building the parser (every --help) stays light
+    from npusim.kernels.base import Kernel
+    from npusim.spec.chip import Chip
 
 
 VERIFY_ELEMENTS = 1 << 26  # a functional check's shape (the product of its sizes) in float64: 512 MiB an array at most
@@ -37,6 +38,8 @@ def parse_shape(text: str) -> dict[str, str]:
 def load_kernel(args) -> tuple[Kernel, Chip]:
     """(kernel, chip) from args.name, args.shape ('k=v,...'; option keys such as dtype or block_m allowed),
     args.hw and args.overrides."""
+    from npusim.kernels import catalog
+
     chip = load_chip(args.hw, parse_overrides(getattr(args, "overrides", [])))
     return catalog.kernel(args.name, parse_shape(args.shape)), chip
 
@@ -49,6 +52,8 @@ def shape_named(run):
         try:
             run(args)
         except NpusimError as exc:
+            from npusim.kernels import catalog  # noqa: F401 (fills KERNELS, which the run may not have loaded)
+
             keys = [f.name for f in dataclasses.fields(KERNELS[args.name])] if args.name in KERNELS else []
             raise as_written(exc, {k: {"field": "--shape"} for k in ["shape", *keys, *(f"shape.{k}" for k in keys)]}) \
                 from None
@@ -82,7 +87,10 @@ def register(sub) -> None:
 
 
 def run_list(args) -> None:
+    import pandas as pd
+
     from npusim.functional.verify import VERIFY
+    from npusim.kernels import catalog
 
     rows = [{"kernel": n, "shape keys": ", ".join(_keys(KERNELS[n])),
              "verify": n in VERIFY, "about": (KERNELS[n].__doc__ or "").strip().splitlines()[0]} for n in catalog.names()]
@@ -95,6 +103,10 @@ def _keys(cls) -> list[str]:
 
 
 def run_show(args) -> None:
+    import pandas as pd
+
+    from npusim.engine.tune import tuned
+
     kern, chip = load_kernel(args)
     try:
         kern = tuned(kern, chip, "device").kernel  # the tiling `kernel sim` and a prediction run
@@ -121,6 +133,9 @@ def run_show(args) -> None:
 
 
 def run_verify(args) -> None:
+    import numpy as np
+    import pandas as pd
+
     from npusim.functional.verify import VERIFY, Used
 
     if args.name not in VERIFY:

@@ -9,16 +9,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-import pandas as pd
-
 from npusim.cli import common
+from npusim.cli.defaults import L2_STATES, LAUNCH_MODES
 from npusim.cli.kernel import add_kernel_args, shape_named
-from npusim.engine import simulate_timeline, write_chrome_trace
-from npusim.engine.l2state import L2_STATES, at_launch
-from npusim.engine.tune import tuned
-from npusim.engine.result import LAUNCH_MODES
 from npusim.errors import NpusimError
-from npusim.kernels import catalog
 from npusim.kernels.base import KERNELS
 from npusim.spec.chip import load_chip
 
@@ -67,6 +61,13 @@ def parse_shape(cls, text: str) -> dict[str, str]:
 
 
 def run_sim(args) -> None:
+    import pandas as pd
+
+    from npusim.engine import simulate_timeline, write_chrome_trace
+    from npusim.engine.l2state import at_launch
+    from npusim.engine.tune import tuned
+    from npusim.kernels import catalog  # fills KERNELS, read below
+
     chip = load_chip(args.hw, common.parse_overrides(args.overrides))
     cls = KERNELS.get(args.name)
     kernel = catalog.kernel(args.name, parse_shape(cls, args.shape) if cls else {})

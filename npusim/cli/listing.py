@@ -3,8 +3,6 @@ files of a kind, each with its one-line description."""
 
 from __future__ import annotations
 
-import pandas as pd
-
 from npusim.cli import common
 from npusim.spec.catalog import data_root, display_path
 from npusim.spec.framework import frameworks, load_framework
@@ -40,6 +38,8 @@ def rows(kind: str) -> list[dict]:
 
 
 def show(kind: str, fmt: str) -> None:
+    import pandas as pd
+
     common.emit(pd.DataFrame(rows(kind), columns=["name", "description"]), fmt)
 
 

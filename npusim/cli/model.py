@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from npusim.cli import common
-from npusim.graph import PHASES, build_graph
-from npusim.graph.accounting import cache_footprint, parameters
-from npusim.graph.ops import LayerGraph, ModelGraph
+from npusim.cli.defaults import PHASES
 from npusim.spec.model import load_model, model_names
 from npusim.spec.quant import PRESETS, get_quant
+
+if TYPE_CHECKING:  # pandas and the graph builder load in the commands, so that every --help stays light
+    from npusim.graph.ops import LayerGraph, ModelGraph
 
 
 def register(sub) -> None:
@@ -37,6 +38,10 @@ def register(sub) -> None:
 
 
 def run_list(args) -> None:
+    import pandas as pd
+
+    from npusim.graph.accounting import cache_footprint, parameters
+
     records = []
     for name in model_names():
         m = load_model(name)
@@ -82,6 +87,10 @@ def _totals(graph: ModelGraph) -> dict:
 
 
 def run_show(args) -> None:
+    import pandas as pd
+
+    from npusim.graph import build_graph
+
     model = load_model(args.name, common.parse_overrides(args.overrides))
     length = args.seq_len if args.phase == "prefill" and args.seq_len is not None else args.context
     graph = build_graph(model, args.phase, args.batch, length, mtp_tokens=args.mtp, quant=args.quant)

@@ -6,32 +6,29 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-
-from npusim import api
 from npusim.cli import common, listing
+from npusim.cli.defaults import PERCENTILES, SCENARIO, TRAFFIC
 from npusim.errors import NpusimError
-from npusim.planner import SearchSpace, Traffic, commands, search, write_plan
-from npusim.planner.search import PERCENTILES
-from npusim.planner.space import MTP_ACCEPTANCE
-from npusim.results.cost import CostParams, chip_usd_per_second
 from npusim.results.launch import Limits, launch
 from npusim.spec.framework import frameworks
-from npusim.serving import Slo
 from npusim.spec.system import load_system
+
+if TYPE_CHECKING:  # pandas, the planner and the model load in run(), so that every --help stays light
+    import pandas as pd
 
 
 def register(sub) -> None:
     p = sub.add_parser("plan", help="search disaggregated plans (CP / DP / TP / EP / o_proj TP / batch / MTP / "
                                     "microbatches) that meet a TTFT / TPOT SLO; print the Pareto frontier")
-    p.add_argument("--model", default=api.DEFAULT["model"], help="model name or HF config.json")
-    p.add_argument("--hw", default=api.DEFAULT["hw"], help="system")
-    p.add_argument("--input", type=int, default=api.DEFAULT["input"], help="prompt tokens")
-    p.add_argument("--output", type=int, default=api.DEFAULT["output"], help="output tokens")
+    p.add_argument("--model", default=SCENARIO["model"], help="model name or HF config.json")
+    p.add_argument("--hw", default=SCENARIO["hw"], help="system")
+    p.add_argument("--input", type=int, default=SCENARIO["input"], help="prompt tokens")
+    p.add_argument("--output", type=int, default=SCENARIO["output"], help="output tokens")
     p.add_argument("--slo", default="ttft=2s,tpot=30ms", help="targets, e.g. ttft=2s,tpot=30ms (default)")
     p.add_argument("--max-chips", type=common.finite, default=None, help="chip budget for both instances (default: the system)")
-    p.add_argument("--quant", default=api.DEFAULT["quant"], help="quantisation preset ('model' = checkpoint format)")
+    p.add_argument("--quant", default=SCENARIO["quant"], help="quantisation preset ('model' = checkpoint format)")
     p.add_argument("--ranks", default="", help="instance sizes in ranks to try, e.g. 16,32 (default: powers of two)")
     p.add_argument("--mtp", default="0,1,3", help="MTP depths to try (published acceptances: 0, 1, 3)")
     p.add_argument("--workers", type=int, default=None, help="local processes (default: up to 2)")
@@ -43,11 +40,11 @@ def register(sub) -> None:
     load.add_argument("--rate", type=common.finite, help="also serve the frontier at this many requests/s (Poisson) and "
                                                  "recommend the cheapest plan that meets the SLO under it")
     load.add_argument("--concurrency", type=int, help="the same for this many concurrent users (closed loop)")
-    p.add_argument("--percentile", default=Traffic.percentile, choices=PERCENTILES,
-                   help=f"the SLO must hold at this percentile under the load (default {Traffic.percentile})")
-    p.add_argument("--requests", type=int, default=Traffic.requests,
-                   help=f"requests served per plan checked under the load (default {Traffic.requests})")
-    p.add_argument("--seed", type=common.seed, default=Traffic.seed, help=f"random seed of the load (default {Traffic.seed})")
+    p.add_argument("--percentile", default=TRAFFIC["percentile"], choices=PERCENTILES,
+                   help=f"the SLO must hold at this percentile under the load (default {TRAFFIC['percentile']})")
+    p.add_argument("--requests", type=int, default=TRAFFIC["requests"],
+                   help=f"requests served per plan checked under the load (default {TRAFFIC['requests']})")
+    p.add_argument("--seed", type=common.seed, default=TRAFFIC["seed"], help=f"random seed of the load (default {TRAFFIC['seed']})")
     p.add_argument("--colocated", action=argparse.BooleanOptionalAction, default=True,
                    help="serve co-located (PD-mixed) deployments of the frontier's decode layouts in the "
                         "request-level simulation (closed loop, SLO at --percentile) beside the disaggregated "
@@ -66,6 +63,8 @@ def register(sub) -> None:
 
 def _table(cands, per_chip_s: float) -> pd.DataFrame:
     """Candidates as rows, with $ per million output tokens from the served rate (prefill chips included)."""
+    import pandas as pd
+
     frame = pd.DataFrame([c.row() for c in cands])
     if not frame.empty:
         frame["usd_per_mtok"] = per_chip_s / frame["served_tok_s_chip"] * 1e6
@@ -83,6 +82,14 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
 
 
 def run(args) -> None:
+    import pandas as pd
+
+    from npusim import api
+    from npusim.planner import SearchSpace, Traffic, commands, search, write_plan
+    from npusim.planner.space import MTP_ACCEPTANCE
+    from npusim.results.cost import CostParams, chip_usd_per_second
+    from npusim.serving import Slo
+
     overrides = common.parse_overrides(args.overrides)
     slo = Slo.parse(args.slo)
     traffic = (Traffic(args.rate, args.concurrency, args.percentile, args.requests, args.seed)
@@ -180,6 +187,8 @@ def run(args) -> None:
 
 def _colocated(result):
     """The disaggregated recommendation as served and the co-located deployments beside it, and the verdict."""
+    import pandas as pd
+
     rows = [m.row(result.percentile) for m in [result.disaggregated] + result.colocated]
     return pd.DataFrame(rows).round(2), result.verdict
 
@@ -219,6 +228,8 @@ def _write_search(result, written, frame: pd.DataFrame, runners_up: pd.DataFrame
 
 def _launches(args, result, written, overrides) -> dict:
     """Each --emit framework's launch commands of the written plan, with the plan's serving limits, and their file."""
+    from npusim import api
+
     out = {}
     sc, c = result.scenario, result.recommended
     setup = api.load_setup(sc.hw, sc.model, str(written), sc.quant, overrides)

@@ -5,27 +5,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
 import yaml
 
-from npusim import api
 from npusim.cli import common
+from npusim.cli.defaults import SCENARIO
 from npusim.cli.plan import _ints
 from npusim.errors import NpusimError
-from npusim.planner.af import size_af
 
 
 def register(sub) -> None:
     p = sub.add_parser("plan-af", help="split a decode instance's ranks into attention and expert dies "
                                        "(attention-FFN disaggregation): every split, the fastest written as a plan")
-    p.add_argument("--model", default=api.DEFAULT["model"], help="model name or HF config.json")
-    p.add_argument("--hw", default=api.DEFAULT["hw"], help="system")
-    p.add_argument("--plan", default=api.DEFAULT["plan"],
+    p.add_argument("--model", default=SCENARIO["model"], help="model name or HF config.json")
+    p.add_argument("--hw", default=SCENARIO["hw"], help="system")
+    p.add_argument("--plan", default=SCENARIO["plan"],
                    help="plan whose decode instance is laid out as AF (MTP, EPLB, streams and kernels are kept)")
     p.add_argument("--ranks", type=int, required=True, help="decode ranks to split (attention + expert dies)")
-    p.add_argument("--batch", type=int, default=api.DEFAULT["batch"], help="global decode batch")
+    p.add_argument("--batch", type=int, default=SCENARIO["batch"], help="global decode batch")
     p.add_argument("--context", type=int, default=4096, help="keys the first new token sees (default 4096)")
-    p.add_argument("--quant", default=api.DEFAULT["quant"], help="quantisation preset ('model' = checkpoint format)")
+    p.add_argument("--quant", default=SCENARIO["quant"], help="quantisation preset ('model' = checkpoint format)")
     p.add_argument("--microbatches", default="1,2,3", help="microbatches per attention domain to try (default 1,2,3)")
     p.add_argument("--domains", default="1,2,3", help="attention domain counts to try (default 1,2,3)")
     p.add_argument("--top", type=int, default=10, help="splits to print (table format)")
@@ -36,6 +34,11 @@ def register(sub) -> None:
 
 
 def run(args) -> None:
+    import pandas as pd
+
+    from npusim import api
+    from npusim.planner.af import size_af
+
     for name, value, low in (("--ranks", args.ranks, 2), ("--batch", args.batch, 1), ("--context", args.context, 1)):
         if value < low:
             raise NpusimError(f"must be at least {low}, got {value}", field=name)

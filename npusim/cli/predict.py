@@ -4,21 +4,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-
-from npusim import api
-from npusim.cli import common
+from npusim.cli import common, defaults
 from npusim.cli.model import config_mapping
-from npusim.results.cost import CostParams, cost
-from npusim.results.launch import launch, limits_for
 from npusim.spec.framework import frameworks
+
+if TYPE_CHECKING:  # the model, pandas and the results load in run(), so that every --help stays light
+    import pandas as pd
 
 
 def register(sub) -> None:
     p = sub.add_parser("predict", help="TTFT / TPOT / tokens/s per chip / memory of a deployment "
                                        "(no arguments: DeepSeek-V3.2-Exp at 128K on CloudMatrix384, plans of A17)")
-    d = api.DEFAULT
+    d = defaults.SCENARIO
     p.add_argument("--hw", default=d["hw"], help=f"system (default {d['hw']})")
     p.add_argument("--model", default=d["model"], help=f"model name or HF config.json (default {d['model']})")
     p.add_argument("--plan", default=d["plan"], help=f"plan name or YAML (default {d['plan']})")
@@ -44,6 +43,8 @@ def register(sub) -> None:
 def csv_table(pred, price) -> pd.DataFrame:
     """One CSV: the headline figures and the cost first (section summary / cost: the name carries the unit), then
     the per-op rows of each phase (section breakdown)."""
+    import pandas as pd
+
     head = [{"section": "summary", "name": k, "value": v} for k, v in pred.summary().items()]
     head += [{"section": "cost", "name": k, "value": v} for k, v in price.as_dict().items()]
     ops = [pred.breakdown(p).assign(section="breakdown", phase=p) for p in pred.phases]
@@ -54,6 +55,9 @@ def csv_table(pred, price) -> pd.DataFrame:
 
 def _launch(args):
     """The launch commands of the predicted deployment, with the scenario's batch and lengths as serving limits."""
+    from npusim import api
+    from npusim.results.launch import launch, limits_for
+
     setup = api.load_setup(args.hw, args.model, args.plan, None if args.quant == "model" else args.quant,
                            common.parse_overrides(args.overrides))
     limits = limits_for(setup.plan, input=args.input, output=args.output, batch=args.batch,
@@ -62,6 +66,9 @@ def _launch(args):
 
 
 def run(args) -> None:
+    from npusim import api
+    from npusim.results.cost import CostParams, cost
+
     pred = api.predict(args.hw, args.model, args.plan, input=args.input, output=args.output, batch=args.batch,
                        prefill_batch=args.prefill_batch, context=args.context,
                        quant=None if args.quant == "model" else args.quant,

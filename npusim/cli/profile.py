@@ -7,19 +7,19 @@ FILE is an op_summary_*.csv, a kernel_details.csv, an msprof op OpBasicInfo*.csv
 from __future__ import annotations
 
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from npusim.cli import common
 from npusim.cli.kernel import parse_shape
 from npusim.errors import NpusimError, as_written
-from npusim.kernels import catalog
-from npusim.profiles import compare, fit
-from npusim.profiles.figure import scatter
-from npusim.profiles.mapping import COMMUNICATION, kernel_for
-from npusim.profiles.msprof import Profile, read_profile
-from npusim.results.tables import write_table
-from npusim.spec.chip import CHIPS, Chip, load_chip
+from npusim.spec.chip import CHIPS, load_chip
+
+if TYPE_CHECKING:  # pandas, matplotlib, the profile readers and the kernels load where used: every --help stays light
+    import pandas as pd
+
+    from npusim.profiles import compare, fit
+    from npusim.profiles.msprof import Profile
+    from npusim.spec.chip import Chip
 
 TIMES = ("measured: msprof Task Duration, the device time of one launch without the host's launch cost (median of "
          "the launches); predicted: npusim's engine time of the kernel in launch mode device, the trace plus the "
@@ -46,6 +46,9 @@ def register(sub) -> None:
 
 
 def run(args) -> None:
+    from npusim.profiles import compare
+    from npusim.profiles.msprof import read_profile
+
     overrides = common.parse_overrides(args.overrides)
     chip = load_chip(args.hw, overrides)
     profile = read_profile(args.file)
@@ -68,6 +71,9 @@ def run(args) -> None:
 
 
 def _check_shape_use(profile: Profile, shape, kernel) -> None:
+    from npusim.kernels import catalog
+    from npusim.profiles.mapping import kernel_for
+
     if not (shape or kernel):
         return
     if profile.kind != "OpBasicInfo":
@@ -84,6 +90,8 @@ def _check_shape_use(profile: Profile, shape, kernel) -> None:
 
 
 def _calibrate(args, profile: Profile, ops: list[compare.Op], overridden: bool) -> fit.Calibration:
+    from npusim.profiles import fit
+
     if "/" in args.hw or args.hw.endswith((".yaml", ".yml")):
         raise NpusimError("--fit writes an overlay that inherits a shipped chip: name one with --hw "
                           f"({', '.join(CHIPS.names())})", field="--hw")
@@ -97,6 +105,8 @@ def _calibrate(args, profile: Profile, ops: list[compare.Op], overridden: bool) 
 
 
 def _summary(profile: Profile, chip: Chip, table: pd.DataFrame, unmapped: pd.DataFrame, fitted) -> dict:
+    from npusim.profiles.mapping import COMMUNICATION
+
     mapped_us = (table["mean_us"] * table["launches"]).sum()
     comm_us = unmapped.loc[unmapped["reason"] == COMMUNICATION, "device_us"].sum()
     compute_us = mapped_us + unmapped["device_us"].sum() - comm_us
@@ -123,6 +133,9 @@ def _summary(profile: Profile, chip: Chip, table: pd.DataFrame, unmapped: pd.Dat
 
 
 def _save(out: Path, table, unmapped, title: str) -> list[Path]:
+    from npusim.profiles.figure import scatter
+    from npusim.results.tables import write_table
+
     out.mkdir(parents=True, exist_ok=True)
     written = write_table(table, out / "profile_ops") + write_table(unmapped, out / "profile_unmapped")
     if len(table):
@@ -131,6 +144,8 @@ def _save(out: Path, table, unmapped, title: str) -> list[Path]:
 
 
 def _emit(fmt: str, table, unmapped, extra: dict, title: str) -> None:
+    from npusim.profiles import compare
+
     if fmt != "table":
         extra = {**extra, "unmapped": unmapped.to_dict("records"),
                  "by_kernel": compare.by_kernel(table).to_dict("records")}

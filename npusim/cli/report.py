@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-
-from npusim import api
 from npusim.cli import common
+from npusim.cli.defaults import SCENARIO
 from npusim.errors import NpusimError
-from npusim.results import report
-from npusim.results.cost import cost
 from npusim.spec.catalog import data_root
 from npusim.spec.plan import PLANS
 from npusim.spec.scenario import SCENARIOS, load_scenario
 from npusim.spec.schema import read_yaml
+
+if TYPE_CHECKING:  # pandas, the model and the page's figures load in run(), so that every --help stays light
+    import pandas as pd
 
 
 def register(sub) -> None:
@@ -26,7 +26,7 @@ def register(sub) -> None:
                                   "its search) or a sweep YAML")
     p.add_argument("--out", default="report.html", help="the HTML file (default report.html); the Perfetto trace "
                                                         "is written beside it as <out>.trace.json")
-    d = api.DEFAULT
+    d = SCENARIO
     p.add_argument("--hw", help=f"a plan's system (default: its search's, else {d['hw']})")
     p.add_argument("--model", help=f"a plan's model (default: its search's, else {d['model']})")
     p.add_argument("--input", type=int, help="a plan's prompt tokens")
@@ -56,6 +56,10 @@ def kind_of(target: str) -> str:
 
 
 def _validation() -> pd.DataFrame | None:
+    import pandas as pd
+
+    from npusim.results import report
+
     path = data_root() / report.VALIDATION
     return pd.read_csv(path) if path.exists() else None
 
@@ -68,6 +72,12 @@ def _search_of(plan: str) -> dict:
 
 
 def run(args) -> None:
+    import pandas as pd
+
+    from npusim import api
+    from npusim.results import report
+    from npusim.results.cost import cost
+
     overrides = common.parse_overrides(args.overrides)
     kind = kind_of(args.target)
     out = Path(args.out)

@@ -12,18 +12,18 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-
-from npusim import api
 from npusim.cli import common
+from npusim.cli.defaults import MAX_BATCH, SCENARIO, SCHEDULERS, TOKEN_BUDGET
 from npusim.errors import NpusimError, as_written
-from npusim.serving import ClosedLoop, Fixed, LogNormal, OpenLoop, Scheduler, Slo, Uniform, knee, plots, read_trace
-from npusim.serving.deployment import SCHEDULERS
-from npusim.serving.load import Load
-from npusim.serving.predicted import MAX_BATCH, TOKEN_BUDGET, ServedPlan
-from npusim.serving.result import Summary
 from npusim.spec import units
+
+if TYPE_CHECKING:  # pandas and the serving package load where used, so that every --help stays light
+    from npusim.serving import Slo
+    from npusim.serving.load import Load
+    from npusim.serving.predicted import ServedPlan
+    from npusim.serving.result import Summary
 
 DEFAULT_REQUESTS = 200
 DEFAULT_INPUT, DEFAULT_OUTPUT = "8192", "1024"
@@ -32,7 +32,7 @@ DEFAULT_INPUT, DEFAULT_OUTPUT = "8192", "1024"
 def register(sub) -> None:
     p = sub.add_parser("serve", help="TTFT / TPOT percentiles, throughput and goodput of a deployment under load "
                                      "(default: DeepSeek-V3.2-Exp on CloudMatrix384, plans of A17)")
-    d = api.DEFAULT
+    d = SCENARIO
     p.add_argument("--hw", default=d["hw"], help=f"system (default {d['hw']})")
     p.add_argument("--model", default=d["model"], help=f"model name or HF config.json (default {d['model']})")
     p.add_argument("--plan", default=d["plan"], help=f"plan name or YAML (default {d['plan']})")
@@ -96,6 +96,10 @@ def run(args) -> None:
 
 
 def _run(args) -> None:
+    from npusim import api
+    from npusim.serving import Scheduler, Slo
+    from npusim.serving.predicted import ServedPlan
+
     slo = Slo.parse(args.slo) if args.slo else None
     if not (args.rate or args.rates or args.trace or args.concurrency is not None):
         raise NpusimError("give a load: --rate, --rates, --concurrency or --trace", field="--rate")
@@ -126,6 +130,10 @@ def _run(args) -> None:
 
 def single(args, served: ServedPlan, load: Load, requests: int | None, slo: Slo | None, figures: Path | None,
            started: float) -> None:
+    import pandas as pd
+
+    from npusim.serving import plots
+
     result = served.run(load, seed=args.seed, requests=requests, duration=args.duration, slo=slo, progress=True)
     wall = time.perf_counter() - started
     if figures:
@@ -155,6 +163,10 @@ def single(args, served: ServedPlan, load: Load, requests: int | None, slo: Slo 
 
 def sweep(args, served: ServedPlan, rates: list[float], loads: list[Load], requests: int | None, slo: Slo | None,
           figures: Path | None, started: float) -> None:
+    import pandas as pd
+
+    from npusim.serving import knee, plots
+
     summaries = []
     for rate, load in zip(rates, loads):
         sys.stderr.write(f"rate {rate:g} requests/s\n")
@@ -259,6 +271,8 @@ def describe_load(args, requests: int | None) -> str:
 
 
 def make_load(args, rate: float | None) -> Load:
+    from npusim.serving import ClosedLoop, OpenLoop, read_trace
+
     if args.trace:
         return read_trace(args.trace)
     inp = parse_lengths(args.input or DEFAULT_INPUT, "--input")
@@ -270,6 +284,8 @@ def make_load(args, rate: float | None) -> Load:
 
 def parse_lengths(text: str, option: str):
     """N, uniform:LOW:HIGH or lognormal:MEDIAN:SIGMA[:MAX]."""
+    from npusim.serving import Fixed, LogNormal, Uniform
+
     kind, *values = text.split(":")
     forms = "N, uniform:LOW:HIGH or lognormal:MEDIAN:SIGMA[:MAX]"
     try:

@@ -6,7 +6,6 @@ from pathlib import Path
 
 from npusim.cli import common
 from npusim.errors import NpusimError
-from npusim.sweeps import SweepSpec, save, sweep
 
 SHOWN = ("ttft_s", "tpot_s", "decode_tokens_per_s_per_chip", "decode_usd_per_mtok", "decode_system_joules_per_token",
          "error")
@@ -28,6 +27,8 @@ def register(sub) -> None:
 
 
 def run(args) -> None:
+    from npusim.sweeps import SweepSpec, save, sweep  # here: building the parser (every --help) stays light
+
     spec = SweepSpec.load(args.file)
     spec.expand()  # refuse a bad file before any work
     frame = sweep(spec, workers=args.workers, scheduler=args.scheduler, cache=args.cache)

@@ -7,13 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import nan
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-
-from npusim.api import predict
 from npusim.errors import NpusimError
-from npusim.results.prediction import Prediction
 from npusim.spec.scenario import Scenario, load_scenario
+
+if TYPE_CHECKING:  # imported where used, so that METRICS (the CLI's --metric choices) loads light
+    import pandas as pd
+
+    from npusim.results.prediction import Prediction
 
 # metric -> (column, unit scale, lower is better)
 METRICS = {
@@ -48,6 +50,8 @@ class Comparison:
 
     def table(self) -> pd.DataFrame:
         """One row per scenario: the metrics, and their change against the baseline (first row) in %."""
+        import pandas as pd
+
         rows = []
         for sc, p in zip(self.scenarios, self.predictions):
             pre = p.prefill is not None  # a decode-only plan has no prefill figures
@@ -69,6 +73,8 @@ class Comparison:
 
     def steps(self, metric: str = "ttft") -> pd.DataFrame:
         """The waterfall's bars: each scenario's change of `metric` against the one before."""
+        import pandas as pd
+
         col, scale, _ = METRICS[metric]
         values = [(getattr(p, metric) if getattr(p, metric) is not None else nan) * scale for p in self.predictions]
         return pd.DataFrame({"scenario": [s.title for s in self.scenarios], col: values,
@@ -118,6 +124,8 @@ def _added(prev: Scenario | None, sc: Scenario) -> dict[str, str]:
 
 def compare(base: str | Scenario, *variants: str | Scenario, overrides: dict[str, str] | None = None) -> Comparison:
     """Predict the baseline and each variant (scenario names, files or objects); `overrides` apply to all of them."""
+    from npusim.api import predict
+
     scs = tuple(s if isinstance(s, Scenario) else load_scenario(s) for s in (base,) + variants)
     preds = []
     for sc in scs:
