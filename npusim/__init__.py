@@ -12,13 +12,6 @@ The public API (`dir(npusim)` lists it; each is imported on first use):
     functional                                                              the kernels' numerics on NumPy arrays
 """
 
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("npusim")
-except PackageNotFoundError:  # running from a source tree without installation
-    __version__ = "0.0.0+src"
-
 # The public API, imported on first use so that `import npusim` (and every CLI start) stays light.
 _PUBLIC = {"predict": ("npusim.api", "predict"), "sweep": ("npusim.sweeps", "sweep"),
            "plan": ("npusim.planner", "search"), "Slo": ("npusim.serving", "Slo"),
@@ -32,7 +25,21 @@ _PUBLIC = {"predict": ("npusim.api", "predict"), "sweep": ("npusim.sweeps", "swe
 __all__ = sorted([*_PUBLIC, "__version__"])
 
 
+def _version() -> str:
+    """The installed version, read on first use of npusim.__version__ (importlib.metadata costs ~15 ms, and every
+    CLI start imports npusim)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("npusim")
+    except PackageNotFoundError:  # running from a source tree without installation
+        return "0.0.0+src"
+
+
 def __getattr__(name):
+    if name == "__version__":
+        globals()["__version__"] = found = _version()
+        return found
     if name in _PUBLIC:
         import importlib
         module, attr = _PUBLIC[name]

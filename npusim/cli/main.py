@@ -19,10 +19,22 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"npusim: error: {message} (see '{self.prog} --help')\n")
 
 
+class _Version(argparse.Action):
+    """--version, reading the installed version only when asked for (see npusim.__version__)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, **kwargs):
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0,
+                         help="show program's version number and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"npusim {npusim.__version__}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="npusim", description="Performance simulator and cost model of Ascend NPUs for "
                                                 "sparse-attention LLMs (DeepSeek-V3.2-Exp, V4).")
-    parser.add_argument("--version", action="version", version=f"npusim {npusim.__version__}")
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for info in sorted(pkgutil.iter_modules(npusim.cli.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"npusim.cli.{info.name}")
