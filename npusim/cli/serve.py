@@ -25,7 +25,6 @@ if TYPE_CHECKING:  # pandas and the serving package load where used, so that eve
     from npusim.serving.predicted import ServedPlan
     from npusim.serving.result import Summary
 
-DEFAULT_REQUESTS = 200
 DEFAULT_INPUT, DEFAULT_OUTPUT = "8192", "1024"
 
 
@@ -46,7 +45,8 @@ def register(sub) -> None:
                                                    "with --rate / --rates: at most this many requests in flight, as "
                                                    "bench clients' --max-concurrency beside --request-rate")
     stop = p.add_mutually_exclusive_group()
-    stop.add_argument("--requests", type=int, help=f"requests to serve (default {DEFAULT_REQUESTS}; a trace: all)")
+    stop.add_argument("--requests", type=int, help="requests to serve (default: enough for a steady window, from the "
+                                                   "rate and a pilot run's end-to-end latency; a trace: all)")
     stop.add_argument("--duration", type=common.finite, help="seconds of simulated time to observe instead")
     p.add_argument("--input", help=f"prompt tokens: N, uniform:LOW:HIGH or lognormal:MEDIAN:SIGMA[:MAX] "
                                    f"(default {DEFAULT_INPUT})")
@@ -107,7 +107,7 @@ def _run(args) -> None:
         raise NpusimError("a trace gives every request's lengths: drop --input / --output", field="--trace")
     if args.trace and args.concurrency is not None:
         raise NpusimError("a trace replays its own arrivals: drop --concurrency", field="--concurrency")
-    requests = DEFAULT_REQUESTS if args.requests is None and args.duration is None and not args.trace else args.requests
+    requests = args.requests  # None: the steady rule's, per rate (`serve_one`)
     rates = parse_rates(args.rates) if args.rates else [args.rate]
     loads = [make_load(args, rate) for rate in rates]  # refuse a bad load before any engine work
     setup = api.load_setup(args.hw, args.model, args.plan, None if args.quant == "model" else args.quant,
@@ -134,7 +134,7 @@ def single(args, served: ServedPlan, load: Load, requests: int | None, slo: Slo 
 
     from npusim.serving import plots
 
-    result = served.run(load, seed=args.seed, requests=requests, duration=args.duration, slo=slo, progress=True)
+    result, requests = serve_one(args, served, load, requests, slo)
     wall = time.perf_counter() - started
     if figures:
         plots.latency_cdfs(result).savefig(figures / "latency_cdfs.png", dpi=120)
@@ -149,13 +149,20 @@ def single(args, served: ServedPlan, load: Load, requests: int | None, slo: Slo 
         return
     header(served, args, requests)
     print()
-    common.emit(result.latency_table().round(2), "table", title="latency (ms)")
+    w = s.steady
+    title = (f"latency (ms) of the {w.requests} requests of the steady window (ITL: every gap of the run)"
+             if w.reached else "latency (ms), whole run: no steady window")
+    common.emit(result.latency_table(steady=w.reached).round(2), "table", title=title)
     print()
     print(f"served {s.completed} of {s.requests} requests in {s.window:.1f} s: {s.request_throughput:.3g} requests/s, "
           f"{s.input_throughput:,.0f} prompt + {s.output_throughput:,.0f} output tokens/s")
+    print(steady_sentence(s))
     if slo:
-        print(f"SLO {describe_slo(slo)}: {100 * s.slo_attainment:.1f}% of requests met it; goodput "
-              f"{s.goodput:.3g} requests/s")
+        share, goodput = ((s.steady_slo_attainment, s.steady_goodput) if w.reached else
+                          (s.slo_attainment, s.goodput))
+        print(f"SLO {describe_slo(slo)}: {100 * share:.1f}% of requests {'in the steady window ' * w.reached}met "
+              f"it; goodput {goodput:.3g} requests/s" + ("; an overloaded run meets no SLO" if
+                                                        w.verdict == "overloaded" else ""))
     print(f"mean batch {s.mean_batch:.1f} sequences per step, KV cache {100 * s.kv_usage:.0f}% used, "
           f"{s.mean_waiting:.2f} requests waiting on average, {s.preemptions} preemptions")
     footer(served, wall)
@@ -170,8 +177,7 @@ def sweep(args, served: ServedPlan, rates: list[float], loads: list[Load], reque
     summaries = []
     for rate, load in zip(rates, loads):
         sys.stderr.write(f"rate {rate:g} requests/s\n")
-        summaries.append(served.run(load, seed=args.seed, requests=requests, duration=args.duration, slo=slo,
-                                    progress=True).summary)
+        summaries.append(serve_one(args, served, load, requests, slo)[0].summary)
     wall = time.perf_counter() - started
     frame = pd.DataFrame([{"rate": rate, **s.flat()} for rate, s in zip(rates, summaries)])
     at = knee(rates, summaries, slo)
@@ -186,12 +192,20 @@ def sweep(args, served: ServedPlan, rates: list[float], loads: list[Load], reque
         return
     header(served, args, requests)
     print()
-    table = pd.DataFrame({"rate": rates, "ttft_p50_ms": frame.ttft_p50 * 1e3, "ttft_p99_ms": frame.ttft_p99 * 1e3,
-                          "tpot_p50_ms": frame.tpot_p50 * 1e3, "tpot_p99_ms": frame.tpot_p99 * 1e3,
-                          "steady_tok_s": frame.steady_output_throughput, "requests_per_s": frame.request_throughput,
-                          "goodput": frame.goodput, "slo_met_pct": frame.slo_attainment * 100 if slo else None})
-    common.emit(table.round(2), "table", title="rate sweep (offered requests/s; steady_tok_s: output tokens/s from the "
-                                               "first to the last arrival, the drain left out)")
+    table = pd.DataFrame({"rate": rates, "requests": frame.requests, "steady": frame.steady_verdict,
+                          "ttft_p50_ms": frame.steady_ttft_p50 * 1e3, "ttft_p99_ms": frame.steady_ttft_p99 * 1e3,
+                          "tpot_p50_ms": frame.steady_tpot_p50 * 1e3, "tpot_p99_ms": frame.steady_tpot_p99 * 1e3,
+                          "delivered_per_s": frame.steady_request_throughput,
+                          "steady_tok_s": frame.steady_output_throughput, "goodput": frame.steady_goodput,
+                          "slo_met_pct": frame.steady_slo_attainment * 100 if slo else None})
+    unsteady = frame.steady_verdict == "overloaded"  # no percentile of a run whose queue grew without bound holds
+    table.loc[unsteady, ["ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "goodput", "slo_met_pct"]] = None
+    common.emit(table.round(2), "table", title="rate sweep (offered requests/s; latencies, delivered requests/s, "
+                                               "output tokens/s and SLO share of the steady window, warm-up and drain "
+                                               "left out)")
+    for rate, s in zip(rates, summaries):
+        if not s.steady.reached:
+            print(f"rate {rate:g}: {s.steady.reason}")
     print(knee_sentence(rates, summaries, at, slo))
     footer(served, wall)
 
@@ -203,11 +217,36 @@ def knee_sentence(rates: list[float], summaries: list[Summary], at: float | None
     limits = describe_slo(slo)
     if at is None:
         return f"p99 stays within the SLO ({limits}) up to {rates[-1]:g} requests/s"
-    missed = " and ".join(f"{name.upper()} p99" for name in summaries[rates.index(at)].misses(slo))
+    misses = summaries[rates.index(at)].misses(slo)
+    late = [f"{name.upper()} p99" for name in misses if name != "steady"]
+    missed = " and ".join(late) or "no steady state"
+    if late and "steady" in misses:
+        missed += f"); at {at:g} requests/s the run has no steady state (overloaded"
     if at == rates[0]:
         return f"the SLO ({limits}) is missed already at {at:g} requests/s ({missed})"
     before = rates[rates.index(at) - 1]
     return f"knee: the SLO ({limits}) is met at {before:g} requests/s and missed at {at:g} ({missed})"
+
+
+def serve_one(args, served: ServedPlan, load: Load, requests: int | None, slo: Slo | None):
+    """One run and the requests it served: as many as asked (or the duration, or the whole trace), else as many as
+    a steady window needs (`steady.serve_steady`: from the rate and a pilot run's end-to-end latency)."""
+    from npusim.serving.steady import serve_steady
+
+    if requests is None and args.duration is None and not args.trace:
+        return serve_steady(served, load, seed=args.seed, slo=slo, progress=True)
+    return served.run(load, seed=args.seed, requests=requests, duration=args.duration, slo=slo,
+                      progress=True), requests
+
+
+def steady_sentence(s: Summary) -> str:
+    """Where the run was steady, or why it was not (then the figures printed are the whole run's)."""
+    w = s.steady
+    if not w.reached:
+        return f"{w.reason} (the figures above are the whole run's)"
+    return (f"steady window: the {w.requests} requests arriving {w.start:.1f}-{w.end:.1f} s (warm-up and drain "
+            f"{w.warmup:.1f} s each, the p90 end-to-end latency): {w.delivered:.3g} requests/s delivered of "
+            f"{w.offered:.3g} offered, {s.steady_output_throughput:,.0f} output tokens/s")
 
 
 def header(served: ServedPlan, args, requests: int | None) -> None:
@@ -256,7 +295,8 @@ def describe(served: ServedPlan) -> dict:
 
 
 def describe_load(args, requests: int | None) -> str:
-    stop = f"{requests} requests" if requests else f"{args.duration:g} s" if args.duration else "whole trace"
+    stop = (f"{requests} requests" if requests else f"{args.duration:g} s" if args.duration else "whole trace"
+            if args.trace else "the requests a steady window needs at each rate")
     if args.trace:
         return f"trace {args.trace}, {stop}, seed {args.seed}"
     lengths = f"input {args.input or DEFAULT_INPUT}, output {args.output or DEFAULT_OUTPUT}"

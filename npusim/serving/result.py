@@ -215,9 +215,11 @@ class ServingResult:
         t, n = self.emissions[:, 0], self.emissions[:, 1]
         return float(n[(t >= start) & (t <= end)].sum())
 
-    def latency_table(self) -> pd.DataFrame:
-        """TTFT, TPOT, ITL and end-to-end latency in milliseconds: mean, p50, p90, p99."""
-        rows = [{"metric": name, **{k: v * 1e3 for k, v in asdict(getattr(self.summary, name)).items()}}
+    def latency_table(self, steady: bool = False) -> pd.DataFrame:
+        """TTFT, TPOT, ITL and end-to-end latency in milliseconds: mean, p50, p90, p99; `steady`: TTFT, TPOT and
+        end-to-end of the steady window's requests (ITL, kept per gap and not per request, is the whole run's)."""
+        rows = [{"metric": name, **{k: v * 1e3 for k, v in asdict(getattr(
+                    self.summary, f"steady_{name}" if steady and name != "itl" else name)).items()}}
                 for name in ("ttft", "tpot", "itl", "e2e")]
         return pd.DataFrame(rows).rename(columns=lambda c: c if c == "metric" else f"{c}_ms")
 

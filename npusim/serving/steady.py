@@ -20,9 +20,10 @@ fluctuates like a Poisson count, so an end-minus-start difference by sqrt(2 x me
 warm-up is a TTFT, not an end-to-end latency.
 
 The length of a run (`run_length`) follows from the load and the end-to-end latency `e2e` of one request: an open
-loop at `rate` serves rate x (2 + MEASURED) x e2e requests (warm-up, drain, and `MEASURED` latencies measured, at
-least MIN_REQUESTS in the window), a closed loop (2 + MEASURED) rounds of its users. `e2e` comes from a pilot run
-(`pilot_e2e`) or the step model's one-request prediction.
+loop at `rate` serves rate x (2 + MEASURED) x e2e requests (warm-up, drain, and `MEASURED` latencies measured; at
+least 2 x MIN_REQUESTS measured), a closed loop (2 + MEASURED) rounds of its users and 2 x MIN_REQUESTS more.
+`e2e` comes from a pilot run (`pilot_e2e`, what `npusim serve` does when no --requests / --duration is given:
+`serve_steady`) or the step model's one-request prediction (the planner's).
 """
 
 from __future__ import annotations
@@ -30,8 +31,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
+
+from npusim.serving.load import ClosedLoop, Load, OpenLoop, Trace
+
+if TYPE_CHECKING:  # result.py imports this module
+    from npusim.serving.result import ServingResult, Slo
 
 WARMUP_QUANTILE = 0.9  # the end-to-end quantile taken as the warm-up and the drain
 MIN_REQUESTS = 100  # arrivals the window must hold: p99 from at least a hundred requests
@@ -137,19 +145,44 @@ def _short(a, finish, queue: _Count, system: _Count, t0: float, t1: float, e: fl
     return SteadyWindow("short", f"no steady window: {why}; serve more requests", **win)
 
 
-def run_length(e2e: float, *, rate: float | None = None, concurrency: int | None = None) -> int:
-    """Requests a run needs to reach and measure a steady window: see the module docstring."""
-    if not (e2e > 0 and math.isfinite(e2e)):
-        raise ValueError(f"an end-to-end latency must be a positive number of seconds, got {e2e}")
-    if rate is not None:
-        measured = max(MEASURED * e2e * rate, 2 * MIN_REQUESTS)  # twice: the p90 warm-up under load is longer
-        n = math.ceil(2 * e2e * rate + measured)
-    else:
+def run_length(*, e2e: float | None = None, rate: float | None = None, concurrency: int | None = None) -> int:
+    """Requests a run needs to reach and measure a steady window: an open loop at `rate` whose requests take `e2e`
+    seconds, or a closed loop of `concurrency` users (see the module docstring)."""
+    if concurrency is not None:
         n = (2 + MEASURED) * concurrency + 2 * MIN_REQUESTS
+    else:
+        if not (e2e is not None and e2e > 0 and math.isfinite(e2e)):
+            raise ValueError(f"an end-to-end latency must be a positive number of seconds, got {e2e}")
+        measured = max(MEASURED * e2e * rate, 2 * MIN_REQUESTS)  # twice: the warm-up under load is the longer
+        n = math.ceil(2 * e2e * rate + measured)
     return min(n, MAX_REQUESTS)
 
 
-def pilot_e2e(served, load, seed: int = 0) -> float:
+def pilot_e2e(served, load: OpenLoop, seed: int = 0) -> float:
     """Median end-to-end latency of the first `PILOT_REQUESTS` requests of `load` on `served` (a ServedPlan, or
-    anything with its `run`): what one request takes before the load has built up."""
+    anything with its `run`): what a request takes before the load has built up."""
     return float(served.run(load, seed=seed, requests=PILOT_REQUESTS).requests.e2e.median())
+
+
+def steady_requests(served, load: Load, seed: int = 0) -> int | None:
+    """Requests a run of `load` on `served` needs for a steady window (None: a trace runs to its end)."""
+    if isinstance(load, Trace):
+        return None
+    if isinstance(load, ClosedLoop):
+        return run_length(concurrency=load.concurrency)
+    return run_length(e2e=pilot_e2e(served, load, seed), rate=load.rate)
+
+
+def serve_steady(served, load: Load, *, seed: int = 0, slo: Slo | None = None,
+                 progress: bool = False) -> tuple[ServingResult, int | None]:
+    """`load` served for `steady_requests`; an open loop whose run was still too short (its requests took longer
+    under load than the pilot's) is served once more, for the run length its own warm-up asks. Returns the result
+    and the requests served."""
+    n = steady_requests(served, load, seed)
+    result = served.run(load, seed=seed, requests=n, slo=slo, progress=progress)
+    w = result.summary.steady
+    if isinstance(load, OpenLoop) and w.verdict == "short" and math.isfinite(w.warmup) and w.warmup > 0:
+        longer = run_length(e2e=w.warmup, rate=load.rate)
+        if longer > n:
+            n, result = longer, served.run(load, seed=seed, requests=longer, slo=slo, progress=progress)
+    return result, n
