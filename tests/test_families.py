@@ -3,10 +3,14 @@ step, each test written against a defect the families showed."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from npusim.errors import NpusimError
+from npusim.graph.accounting import cache_footprint, indexer_row_bytes, kv_row_bytes, parameters
+from npusim.graph.builder import build_graph
 from npusim.parallel.shard import shard
 from npusim.spec.model import load_model
 from npusim.spec.plan import load_plan
@@ -91,3 +95,74 @@ def test_qwen3_head_norm_runs_near_its_roofline(qwen3, tp16):
     roofline = norm.work().hbm_bytes / chip.hbm.bandwidth
     fused = simulate(norm.trace(chip), chip, launch="none").time
     assert fused < 1.6 * roofline < simulate(per_row.trace(chip), chip, launch="none").time / 8
+
+
+# ------------------------------------------------------------------------------------------ formats and schedules
+
+
+def _variant(tmp_path, name: str, **changes) -> str:
+    data = json.loads((HF / name / "config.json").read_text())
+    data.update(changes)
+    folder = tmp_path / f"{name}-variant"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(data))
+    return str(folder / "config.json")
+
+
+def test_w4a16_keeps_bf16_activations_beside_int4_group32_experts():
+    """Kimi-K2-Thinking's checkpoint: INT4 routed experts in groups of 32 (a bf16 scale each), everything else BF16,
+    activations unquantised: the experts' rows are dispatched in BF16 and the expert GEMM takes BF16 rows."""
+    q = get_quant("w4a16")
+    assert q.routed_experts.dtype == "int4" and q.routed_experts.bytes_per_element() == 0.5 + 2 / 32
+    assert not any(getattr(q, c).quantised for c in ("attention", "shared_experts", "dense_ffn", "lm_head"))
+    assert q.activation_for(q.routed_experts).dtype == "bf16"
+    kimi = load_model(str(HF / "Kimi-K2-Instruct" / "config.json"))
+    graph = build_graph(kimi, "decode", 8, 4096, quant=q)
+    experts = next(o for lg in graph.layers for o in lg.ops if o.name == "experts_gate_up")
+    assert experts.dtypes["a"] == "bf16" and experts.dtypes["b"] == "int4"
+    assert parameters(kimi).weight_bytes(q) < parameters(kimi).weight_bytes(get_quant("bf16")) * 0.35
+
+
+def test_compressed_tensors_int4_weight_only_reads_as_w4a16(tmp_path):
+    group = {"targets": ["Linear"], "input_activations": None,
+             "weights": {"num_bits": 4, "group_size": 32, "type": "int", "symmetric": True, "strategy": "group"}}
+    path = _variant(tmp_path, "Kimi-K2-Instruct", quantization_config={
+        "quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"group_0": group}})
+    assert load_model(path).default_quant == "w4a16"
+    group8 = dict(group, input_activations={"num_bits": 8, "type": "int"})
+    path = _variant(tmp_path, "Kimi-K2-Instruct", quantization_config={
+        "quant_method": "compressed-tensors", "config_groups": {"group_0": group8}})
+    with pytest.raises(NpusimError, match="quantization_config"):
+        load_model(path)
+
+
+def test_indexer_cache_alone_in_int8():
+    """C8 of the DSA indexer alone: 130 B a key (int8 + an fp16 scale) beside a BF16 latent row."""
+    glm = load_model(str(HF / "GLM-5" / "config.json"))
+    q = get_quant("w8a8-ic8")
+    assert (q.kv_cache.dtype, q.indexer_cache.dtype) == ("bf16", "int8")
+    assert indexer_row_bytes(glm, q) == 130 and kv_row_bytes(glm, q) == 2 * 576
+    assert cache_footprint(glm, q).bytes_per_token == 78 * (1152 + 130)
+
+
+def test_index_topk_freq_shares_the_indexer_over_k_layers(tmp_path):
+    """GLM-5.x index_topk_freq k: a layer runs its indexer every k layers, the others reuse its top-k with no
+    indexer, no indexer key cache and no indexer weights of their own; the MTP layer runs its own."""
+    base = load_model(str(HF / "GLM-5" / "config.json"))
+    glm = load_model(_variant(tmp_path, "GLM-5", index_topk_freq=4))
+    assert glm.indexer_layers[:9] == (1, 0, 0, 0, 1, 0, 0, 0, 1) and glm.indexer_layer_count == 20
+    assert glm.runs_indexer(glm.num_hidden_layers)
+    graph = build_graph(glm, "decode", 8, 4096, quant=get_quant("bf16"))
+    kinds = {lg.name: lg for lg in graph.layers}
+    assert kinds["dsa_shared-moe"].repeat + kinds["dsa-moe"].repeat == 75
+    shared_ops = {o.name for o in kinds["dsa_shared-moe"].ops}
+    assert "lightning_indexer" not in shared_ops and "indexer_cache_update" not in shared_ops
+    attn = next(o for o in kinds["dsa_shared-moe"].ops if o.name == "attention")
+    assert attn.kind == "sparse_flash_attention" and attn.shape["topk"] == 2048
+    q = get_quant("bf16")
+    idx = indexer_row_bytes(glm, q)
+    assert cache_footprint(base, q).bytes_per_token - cache_footprint(glm, q).bytes_per_token == 58 * idx
+    assert parameters(glm).total < parameters(base).total
+    same = load_model(_variant(tmp_path, "GLM-5", indexer_types=["full", "shared", "shared", "shared"] * 19
+                               + ["full", "shared"]))
+    assert same.indexer_layers == glm.indexer_layers

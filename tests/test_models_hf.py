@@ -130,8 +130,9 @@ def _variant(tmp_path, name: str, **changes) -> str:
 
 
 @pytest.mark.parametrize("name, changes, words", [
-    ("GLM-5", {"indexer_types": ["full", "shared"] * 39}, ["indexer_types", "shared"]),
-    ("GLM-5", {"index_topk_freq": 4}, ["index_topk_freq", "allowed: 1"]),
+    ("GLM-5", {"indexer_types": ["shared", "full"] * 39}, ["indexer_types", "first layer must be 'full'"]),
+    ("GLM-5", {"indexer_types": ["full", "shared"] * 38}, ["indexer_types", "each of the 78 layers"]),
+    ("GLM-5", {"index_topk_freq": 0}, ["index_topk_freq", ">= 1"]),
     ("GLM-5", {"mlp_layer_types": ["sparse"] * 78}, ["mlp_layer_types", "first_k_dense_replace"]),
     ("DeepSeek-R1", {"hidden_act": "gelu"}, ["hidden_act", "silu"]),
     ("DeepSeek-R1", {"tie_word_embeddings": True}, ["tie_word_embeddings"]),

@@ -52,9 +52,9 @@ def cache_footprint(model: ModelConfig, quant: QuantScheme) -> CacheFootprint:
         kinds = {"kv": (kv_b, kv_e), "indexer": (idx_b, idx_e)} if model.has_indexer else {"kv": (kv_b, kv_e)}
         per_b = {k: b for k, (b, _) in kinds.items()}
         per_e = {k: float(e) for k, (_, e) in kinds.items()}
-        n = model.num_hidden_layers
-        return CacheFootprint(per_layer_bytes=per_b, per_layer_elements=per_e, bytes_per_token=n * sum(per_b.values()),
-                              elements_per_token=n * sum(per_e.values()), fixed_bytes_per_sequence=0.0)
+        n, ni = model.num_hidden_layers, model.indexer_layer_count  # shared-indexer layers hold no indexer keys
+        return CacheFootprint(per_layer_bytes=per_b, per_layer_elements=per_e, bytes_per_token=n * kv_b + ni * idx_b,
+                              elements_per_token=n * kv_e + ni * idx_e, fixed_bytes_per_sequence=0.0)
     per_b: dict[str, float] = {}
     per_e: dict[str, float] = {}
     total_b = total_e = 0.0
@@ -136,7 +136,7 @@ def _attention(model: ModelConfig, layer: int, acc: dict[str, float]) -> float:
     _add(acc, mla_a_class(model), h * ql + h * (kvl + rope))
     _add(acc, "kv_b", kvl * nh * (nope + v))
     _add(acc, UNQUANTISED, kvl)
-    if not model.has_indexer:
+    if not model.runs_indexer(layer):  # no indexer, or a shared layer reusing an earlier one's top-k
         return 0.0
     ih, idim = model.index_n_heads, model.index_head_dim
     _add(acc, "indexer", ql * ih * idim)

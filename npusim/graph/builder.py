@@ -91,8 +91,10 @@ class _Layers:
         return out
 
     # ------------------------------------------------------------------ DeepSeek-V3 / V3.2
-    def mla(self, mha: bool) -> list[Op]:
-        """MLA with, for V3.2, the DSA indexer: in MHA mode (dense prefill) over up-projected keys, else absorbed."""
+    def mla(self, mha: bool, indexer: bool = True) -> list[Op]:
+        """MLA with, for V3.2, the DSA indexer: in MHA mode (dense prefill) over up-projected keys, else absorbed.
+        Without `indexer` (a GLM-5.x shared layer) the sparse attention reads the top-k an earlier layer chose: no
+        indexer op, no indexer key cache."""
         m, t = self.m, self.t
         h, nh, ql, rope_d = m.hidden_size, m.num_attention_heads, m.q_lora_rank, m.qk_rope_head_dim
         nope, v, kvl = m.qk_nope_head_dim, m.v_head_dim, m.kv_lora_rank
@@ -102,7 +104,7 @@ class _Layers:
                self.linear("kv_a_proj", h, kvl + rope_d, a), norm("kv_norm", t, kvl),
                rope("rope", t, nh + 1, rope_d),
                cache_store("kv_cache_update", t, kvl + rope_d, self.kv_row, self.quant.kv_cache)]
-        if m.has_indexer:
+        if m.has_indexer and indexer:
             ops += self.dsa_indexer(select=not mha)
         if mha and self.code.ntd_copies:
             ops.insert(ops.index(next(o for o in ops if o.name == "rope")), self.ntd_copy("q_pe_copy", rope_d))
@@ -363,7 +365,7 @@ class _Layers:
                     + [self.mhc_post("mhc_post_ffn")])
         if self.m.is_gqa:
             return self.gqa() + self.ffn(layer)
-        return self.quantised(self.mla(mha) + self.ffn(layer))
+        return self.quantised(self.mla(mha, self.m.runs_indexer(layer)) + self.ffn(layer))
 
     # ------------------------------------------------------------------ ends of the model
     def embedding(self) -> Op:

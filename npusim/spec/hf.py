@@ -96,22 +96,43 @@ def _glm_dsa(config: dict, fields: dict, file: str) -> None:
     if kinds is not None and set(kinds) - {"deepseek_sparse_attention"}:
         raise NpusimError(f"holds {sorted(set(kinds) - {'deepseek_sparse_attention'})}: only DSA layers "
                           f"('deepseek_sparse_attention') are modelled", file=file, field="layer_types")
-    _full_indexers(config, file)
+    _indexer_schedule(config, fields, file)
 
 
-def _full_indexers(config: dict, file: str) -> None:
-    """GLM-5.x may let layers reuse the previous layer's top-k ('shared' indexer layers): not modelled."""
-    types = config.get("indexer_types")
-    if types is not None and set(types) - {"full"}:
-        raise NpusimError("has 'shared' layers (they reuse the previous layer's top-k and have no indexer): npusim "
-                          "models an indexer in every layer; only 'full' is allowed", file=file, field="indexer_types")
-    pattern = config.get("index_topk_pattern")
-    if pattern is not None and set(pattern) - {"F", "full"}:
-        raise NpusimError("has shared ('S') layers: npusim models an indexer in every layer; only 'F' is allowed",
-                          file=file, field="index_topk_pattern")
-    if config.get("index_topk_freq", 1) != 1:
-        raise NpusimError(f"is {config['index_topk_freq']}: layers sharing the indexer's top-k are not modelled; "
-                          f"allowed: 1", file=file, field="index_topk_freq")
+def _indexer_schedule(config: dict, fields: dict, file: str) -> None:
+    """GLM-5.x layers that reuse the top-k of the last layer that ran its indexer ('shared': no indexer of their own,
+    no indexer key cache). The schedule is, in the order the model code reads it (transformers GlmMoeDsaConfig,
+    vLLM / SGLang deepseek_v2.py skip_topk): `indexer_types` ('full' / 'shared' per layer), `index_topk_pattern`
+    ('F' / 'S'), else `index_topk_freq` k: layer l runs its indexer when l < index_skip_topk_offset or
+    (l - offset) % k == 0, the k - 1 after it reuse its top-k. `use_index_cache` false: every layer runs one."""
+    n = _require(config, "num_hidden_layers", file)
+    if config.get("use_index_cache") is False:
+        return
+    types, pattern = config.get("indexer_types"), config.get("index_topk_pattern")
+    if types is not None:
+        layers = _schedule(types, {"full": 1, "shared": 0}, n, file, "indexer_types")
+    elif pattern is not None:
+        layers = _schedule(pattern, {"F": 1, "full": 1, "S": 0, "shared": 0}, n, file, "index_topk_pattern")
+    else:
+        freq, offset = config.get("index_topk_freq", 1), config.get("index_skip_topk_offset", 0)
+        for key, value, low in (("index_topk_freq", freq, 1), ("index_skip_topk_offset", offset, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise NpusimError(f"is {value!r}: must be a whole number >= {low}", file=file, field=key)
+        layers = tuple(int(lay < offset or (lay - offset) % freq == 0) for lay in range(n))
+    if not layers[0]:
+        raise NpusimError("shares the first layer's top-k, but no earlier layer runs an indexer: the first layer "
+                          "must be 'full'", file=file, field="indexer_types" if types is not None else
+                          "index_topk_pattern")
+    if not all(layers):
+        fields["indexer_layers"] = list(layers)
+
+
+def _schedule(values: Any, allowed: dict[str, int], n: int, file: str, key: str) -> tuple[int, ...]:
+    """One 0 / 1 per layer from a config's per-layer list (or string) of indexer kinds."""
+    if not isinstance(values, (list, str)) or len(values) != n or set(values) - set(allowed):
+        raise NpusimError(f"must list one of {', '.join(repr(a) for a in allowed)} for each of the {n} layers",
+                          file=file, field=key)
+    return tuple(allowed[v] for v in values)
 
 
 def _v4(config: dict, fields: dict, file: str) -> None:
@@ -148,7 +169,8 @@ def _glm4(config: dict, fields: dict, file: str) -> None:
     fields["qk_norm"] = int(bool(config.get("use_qk_norm", False)))
 
 
-INDEXER_SCHEDULES = frozenset({"indexer_types", "index_topk_pattern", "index_topk_freq", "index_skip_topk_offset"})
+INDEXER_SCHEDULES = frozenset({"indexer_types", "index_topk_pattern", "index_topk_freq", "index_skip_topk_offset",
+                               "use_index_cache"})
 GLM_SCHEDULES = INDEXER_SCHEDULES | {"mlp_layer_types", "layer_types"}
 GQA_DERIVED = frozenset({"partial_rotary_factor"})
 SILU = ("silu", "the FFN is SwiGLU; other activations are not modelled")
@@ -161,7 +183,7 @@ MLA_FIXED = {"hidden_act": SILU, "tie_word_embeddings": UNTIED, "moe_layer_freq"
 _DEEPSEEK_V3 = Architecture("deepseek_v3", MLA_FIELDS, ignored=MLA_IGNORED, fixed=MLA_FIXED,
                             defaults={"scoring_func": "softmax"})
 _DEEPSEEK_V32 = Architecture("deepseek_v32", MLA_FIELDS + DSA_FIELDS, ignored=MLA_IGNORED | DSA_IGNORED,
-                             fixed=MLA_FIXED, derive=lambda c, f, file: _full_indexers(c, file),
+                             fixed=MLA_FIXED, derive=_indexer_schedule,
                              derived_from=INDEXER_SCHEDULES)
 ARCHITECTURES: dict[str, Architecture] = {
     "deepseek_v3": _DEEPSEEK_V3,

@@ -48,6 +48,10 @@ class ModelConfig:
     index_n_heads: int = count(default=0, minimum=0)
     index_head_dim: int = count(default=0, minimum=0)
     index_topk: int = count(default=0, minimum=0)
+    indexer_layers: tuple[int, ...] = counts(
+        default=(), doc="DSA: per decoder layer 1 = runs its indexer, 0 = reuses the top-k of the last layer that ran "
+                        "one and has no indexer of its own (GLM-5.x index_topk_freq / indexer_types); empty = every "
+                        "layer runs one (the MTP layer always does)")
     # GQA attention (head_dim is also V4's)
     num_key_value_heads: int = count(default=0, minimum=0, doc="GQA: heads of K and of V, shared by query groups")
     qk_norm: int = count(default=0, minimum=0, doc="GQA: 1 = RMSNorm on each q and k head (Qwen3, GLM-4.5)")
@@ -94,13 +98,25 @@ class ModelConfig:
         """Compress ratio of decoder layer `layer`; index num_hidden_layers is the MTP layer (0 when not listed)."""
         return self.compress_ratios[layer] if layer < len(self.compress_ratios) else 0
 
+    def runs_indexer(self, layer: int) -> bool:
+        """Whether DSA layer `layer` scores its own top-k (index num_hidden_layers, the MTP layer, always does)."""
+        return self.has_indexer and (layer >= len(self.indexer_layers) or bool(self.indexer_layers[layer]))
+
     def attention_kind(self, layer: int) -> str:
-        """mla (dense), dsa (indexer + sparse MLA), or V4's swa / csa / hca by the layer's compress ratio."""
+        """mla (dense), dsa (indexer + sparse MLA), dsa_shared (sparse MLA over the top-k an earlier layer's indexer
+        chose), or V4's swa / csa / hca by the layer's compress ratio."""
         if self.is_v4:
             return {0: "swa", OVERLAP_RATIO: "csa"}.get(self.compress_ratio(layer), "hca")
         if self.is_gqa:
             return "gqa"
-        return "dsa" if self.has_indexer else "mla"
+        if not self.has_indexer:
+            return "mla"
+        return "dsa" if self.runs_indexer(layer) else "dsa_shared"
+
+    @property
+    def indexer_layer_count(self) -> int:
+        """Decoder layers that run an indexer (and hold its key cache and weights)."""
+        return sum(self.runs_indexer(layer) for layer in range(self.num_hidden_layers)) if self.has_indexer else 0
 
     def is_dense_ffn(self, layer: int) -> bool:
         return layer < self.first_k_dense_replace
@@ -125,6 +141,10 @@ class ModelConfig:
             p.append(("index_topk", "must be 0 for deepseek_v3 (no indexer); use model_type deepseek_v32"))
         if self.model_type == "deepseek_v32" and not self.has_indexer:
             p.append(("index_topk", "must be > 0 for deepseek_v32 (the DSA indexer picks index_topk keys)"))
+        if self.indexer_layers and (self.model_type != "deepseek_v32" or set(self.indexer_layers) - {0, 1}
+                                    or not self.indexer_layers[0]):
+            p.append(("indexer_layers", "is a deepseek_v32 schedule of 0 / 1 per layer whose first layer runs its "
+                                        "indexer (a shared layer reuses an earlier layer's top-k)"))
         if self.is_gqa:
             return p + self._check_gqa()
         if not self.q_lora_rank:
@@ -182,9 +202,27 @@ def _quant_of_hf(config: dict, shown: str) -> str:
         return "bf16"
     if method == "fp8":
         return "mxfp8-mxfp4" if config.get("expert_dtype") == "fp4" else "fp8"
-    raise NpusimError(f"quant_method '{method}' has no npusim preset (allowed: fp8, or none for BF16); remove "
+    if method == "compressed-tensors" and _int4_weight_only(quant):
+        return "w4a16"
+    raise NpusimError(f"quant_method '{method}' has no npusim preset (allowed: fp8, compressed-tensors with int4 "
+                      f"group-32 weights and unquantised activations, or none for BF16); remove "
                       f"quantization_config and choose the format with --quant", file=shown,
                       field="quantization_config")
+
+
+def _int4_weight_only(quant: dict) -> bool:
+    """A compressed-tensors config whose every group stores int4 weights in groups of 32 and leaves the activations
+    unquantised: the w4a16 preset (Kimi-K2-Thinking's INT4 experts)."""
+    groups = quant.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        return False
+    for group in groups.values():
+        w = group.get("weights") if isinstance(group, dict) else None
+        if not isinstance(w, dict) or group.get("input_activations"):
+            return False
+        if (w.get("num_bits"), w.get("type", "int"), w.get("group_size")) != (4, "int", 32):
+            return False
+    return True
 
 
 def _load_hf(path: Path, overrides: dict[str, str] | None) -> ModelConfig:

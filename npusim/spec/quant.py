@@ -40,6 +40,11 @@ class Storage:
 BF16 = Storage(dtype="bf16")
 INT8_CHANNEL = Storage(dtype="int8")  # per-output-channel scales: one per row of k values, negligible
 INT4_GROUP = Storage(dtype="int4", scale_bytes=2.0, block=256)  # GUESS: W4A8 group 256, fp16 scale
+# Kimi-K2-Thinking's native INT4 experts: compressed-tensors pack-quantized, symmetric int4 in groups of 32 along k
+# (its config.json quantization_config.config_groups.group_0.weights: num_bits 4, group_size 32, strategy group; no
+# input_activations: the activations stay BF16), only the routed experts (the ignore list holds attention, the shared
+# experts, the dense layer and lm_head). estimate: one scale in the checkpoint's bf16 per group (2 B / 32 weights)
+INT4_G32 = Storage(dtype="int4", scale_bytes=2.0, block=32)
 FP8_BLOCK = Storage(dtype="fp8", scale_bytes=4.0, block=128 * 128)  # DeepSeek checkpoint: e4m3, fp32 per 128x128
 FP8_TOKEN = Storage(dtype="fp8", scale_bytes=4.0, block=128)  # activations and caches: one fp32 scale per 128
 INT8_TOKEN = Storage(dtype="int8", scale_bytes=4.0, block=128)  # Ascend C8 latent cache: fp32 per 128 (C8_CACHES)
@@ -65,6 +70,8 @@ ASCEND_INT8_KEEPS_BF16 = ("kv_b", "mla_a", "indexer_k")
 # kv_b_proj and the indexer's wq_b, wk and weights_proj, and every *mlp* linear but the gate. Limit: the recipe's
 # attention activations are static per-tensor INT8; the preset keeps W8A8's per-token activation format.
 MODELSLIM_KEEPS_BF16 = ("kv_b", "indexer", "indexer_k")
+# C8 of the indexer key cache alone (INT8_HEAD, 130 B a key) beside a BF16 latent cache (1152 B a row): the GLM-5.1
+# W8A8C8 deployment issue 34 names; the latent cache stays C16, so only the indexer's rows and its scoring shrink
 # C8_CACHES: cann-recipes-infer @ fbc225d, models/deepseek_v3_2_exp/models/modeling_deepseek.py:911-972. The latent
 # cache row is one int8 tensor of kv_lora_rank + 2 x qk_rope_head_dim + 4 x 4 bytes (:913): 512 int8 values, the 64
 # RoPE values in BF16 and four fp32 scales, one per 128 (656 B, FlashMLA's size). The indexer key cache is int8 of
@@ -127,6 +134,12 @@ PRESETS: dict[str, QuantScheme] = {
                 linear=INT8_CHANNEL, activation=INT8_TOKEN, kv=BF16, index=BF16, keeps=MODELSLIM_KEEPS_BF16),
         _scheme("w8a8c8", "W8A8 plus INT8 latent KV cache and INT8 indexer cache (Ascend C8)",
                 linear=INT8_CHANNEL, activation=INT8_TOKEN, kv=INT8_TOKEN, index=INT8_HEAD),
+        _scheme("w8a8-ic8", "W8A8 plus the INT8 indexer key cache alone (C8 of the DSA indexer, 130 B a key); the "
+                            "latent KV cache BF16",
+                linear=INT8_CHANNEL, activation=INT8_TOKEN, kv=BF16, index=INT8_HEAD),
+        _scheme("w4a16", "INT4 routed experts (group 32) with BF16 activations, every other linear BF16; caches "
+                         "BF16 (Kimi-K2-Thinking's native compressed-tensors checkpoint)",
+                linear=BF16, activation=BF16, kv=BF16, index=BF16, experts=INT4_G32),
         _scheme("w4a8", "W8A8 with INT4 routed experts; caches BF16",
                 linear=INT8_CHANNEL, activation=INT8_TOKEN, kv=BF16, index=BF16, experts=INT4_GROUP),
         _scheme("w4a8c8", "W4A8 plus INT8 latent KV and indexer caches (Ascend PD sample)",
