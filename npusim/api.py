@@ -8,17 +8,17 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from dataclasses import dataclass
 
 from npusim.errors import NpusimError, did_you_mean
-from npusim.graph import accounting
 from npusim.kernels.catalog import names as kernel_names
 from npusim.parallel.af import af_step
-from npusim.parallel.collectives import Collective, collective_time
 from npusim.parallel.memory import memory, require_fit
 from npusim.parallel.shard import shard
 from npusim.parallel.step import StepTime, step_time
+from npusim.parallel.transfer import exposed, kv_path
 from npusim.results.energy import step_energy
 from npusim.results.prediction import Prediction
 from npusim.spec.model import ModelConfig, load_model
@@ -100,7 +100,7 @@ def predict(hw: str = DEFAULT["hw"], model: str = DEFAULT["model"], plan: str = 
         if tokens > cfg.max_position_embeddings:
             raise NpusimError(f"{tokens} tokens exceed {cfg.name}'s max_position_embeddings "
                               f"({cfg.max_position_embeddings})", field=name)
-    steps, mems = {}, {}
+    steps, mems, chunk_times = {}, {}, {}
     af = None
     phases = (("prefill", prefill_batch, input),) if pl.runs_prefill else ()
     for phase, b, length in phases + (("decode", batch, ctx),):
@@ -120,13 +120,14 @@ def predict(hw: str = DEFAULT["hw"], model: str = DEFAULT["model"], plan: str = 
             timed.append(step_time(step, pl, system))
             mems[phase] = mem if phase not in mems or mem.total > mems[phase].total else mems[phase]
         steps[phase] = timed[0] if len(timed) == 1 else chained(timed)
+        chunk_times[phase] = [t.time for t in timed]
         if not 0 < steps[phase].time < math.inf:  # e.g. --set hbm.bandwidth=1e-300B/s: times overflow to inf
             raise NpusimError(f"the {phase} step takes {steps[phase].time:g} s, which is not a time: a rate or size "
                               f"given ({', '.join(overrides or {}) or 'the files'}) is too small or too large to time")
     dies = system.chip_spec.dies
     dec = pl.instance("decode")
     decode_chips = (dec.ranks + dec.ffn_ranks) * dec.instances / dies
-    transfer = kv_transfer(cfg, pl, system, scheme, input) if pl.disaggregated else 0.0
+    transfer = kv_transfer(cfg, pl, system, scheme, input, chunk_times.get("prefill")) if pl.disaggregated else 0.0
     accepted = 1.0 + pl.mtp.acceptance
     tpot = steps["decode"].time / accepted
     chip = system.chip_spec
@@ -204,17 +205,12 @@ def _check_plan(cfg: ModelConfig, pl: Plan, system: System) -> None:
                           field="ranks")
 
 
-def kv_transfer(cfg: ModelConfig, pl: Plan, system: System, scheme, input: int) -> float:
-    """Seconds to move one request's caches (`input` tokens) from the prefill ranks to the decode rank, over the tier
-    joining the instances."""
-    size = input * accounting.cache_footprint(cfg, scheme).bytes_per_token
-    senders = pl.prefill.ranks  # every prefill rank ships its share (its CP chunks) in parallel
-    span = pl.prefill.ranks * pl.prefill.instances + pl.decode.ranks * pl.decode.instances
-    tier = pl.kv_transfer_tier or system.tier_for(span)[0]
-    if tier not in system.tiers:
-        raise NpusimError(f"'{tier}' is not a tier of {system.name} ({', '.join(system.tiers)})",
-                          file=pl.provenance.file, field="kv_transfer_tier")
-    stride = max(1, math.ceil(system.tiers[tier].size / 2))
-    per_sender = collective_time(Collective("p2p", size / senders, 2, stride=min(stride, system.ranks // 2 or 1)),
-                                 system)
-    return per_sender.time
+def kv_transfer(cfg: ModelConfig, pl: Plan, system: System, scheme, input: int,
+                chunk_times: list[float] | None = None) -> float:
+    """Seconds one request's caches (`input` tokens) still take to reach the decode rank once its prefill ends:
+    the slowest of sender egress, link and receiver ingress (`parallel.transfer`), each prefill chunk sent as its
+    forward ends (`chunk_times`: the chunks' step times in order; None: one chunk)."""
+    path = kv_path(cfg, pl, system, scheme)
+    chunks = _chunks(input, pl.prefill_chunk)
+    ends = itertools.accumulate(chunk_times or [0.0] * len(chunks))
+    return exposed(path, [(size, end) for (_, size), end in zip(chunks, ends)])

@@ -42,13 +42,34 @@ def test_prefix_hits_and_chunks_change_solo_ttft_as_the_step_model_says():
 
 
 def test_disaggregated_solo_request_pays_the_cache_transfer_once_in_its_ttft():
+    """vLLM PD: prefill, the decode pulls the cache, and its first step (recomputing the prompt's last token) gives
+    the first token; SGLang PD: the decode preallocates first, the cache is sent after the prefill's forward and the
+    prefill's token is streamed as the request joins the (idle) decode rank."""
     link = Link(bandwidth=50e9, latency=20e-6)
-    deployment = Deployment(prefill=Pool(), decode=Pool(ranks=2), link=link)
-    r = solo(deployment, 3000, 50).requests
     transfer = link.latency + 3000 * CAP.kv_bytes_per_token / link.bandwidth
-    assert r.ttft.iloc[0] == pytest.approx(MODEL.prefill_time(3000, 0, 1) + transfer, rel=1e-12)
-    assert r.tpot.iloc[0] == pytest.approx(solo_tpot(MODEL, 3000, 50), rel=1e-12)
-    assert r.prefill_rank.iloc[0] == "p0.r0" and r.decode_rank.iloc[0].startswith("d0.")
+    vllm = solo(Deployment(prefill=Pool(), decode=Pool(ranks=2), link=link), 3000, 50).requests
+    first_step = MODEL.decode_time(1, 3001)
+    assert vllm.ttft.iloc[0] == pytest.approx(MODEL.prefill_time(3000, 0, 1) + transfer + first_step, rel=1e-12)
+    assert vllm.tpot.iloc[0] == pytest.approx(solo_tpot(MODEL, 3000, 50), rel=1e-12)
+    assert vllm.prefill_rank.iloc[0] == "p0.r0" and vllm.decode_rank.iloc[0].startswith("d0.")
+    assert (vllm.decode_admitted >= vllm.prefill_end).all() and (vllm.kv_ready > vllm.decode_admitted).all()
+    sglang = solo(Deployment(prefill=Pool(), decode=Pool(ranks=2), link=link, scheduler=Scheduler("sglang")),
+                  3000, 50).requests
+    assert sglang.ttft.iloc[0] == pytest.approx(MODEL.prefill_time(3000, 0, 1) + transfer, rel=1e-12)
+    assert (sglang.decode_admitted <= sglang.scheduled).all()
+    assert (sglang.kv_ready - sglang.prefill_end).tolist() == pytest.approx([transfer] * 3, rel=1e-12)
+
+
+def test_caches_landing_on_one_decode_rank_take_turns_on_its_ingress():
+    """Two prefill ranks finish identical prompts at once; the one decode rank's ingress serves them in turn, so the
+    second cache lands one transfer later (two decode ranks would take them in parallel)."""
+    link = Link(bandwidth=5e9, latency=0.0)
+    load = ClosedLoop(2, Fixed(3000), Fixed(4))
+    transfer = 3000 * CAP.kv_bytes_per_token / link.bandwidth
+    for ranks, gap in ((1, transfer), (2, 0.0)):
+        d = Deployment(prefill=Pool(ranks=2), decode=Pool(ranks=ranks), link=link, scheduler=Scheduler("sglang"))
+        r = simulate(d, load, MODEL, seed=0, requests=2).requests
+        assert sorted(r.kv_ready - r.prefill_end) == pytest.approx([transfer, transfer + gap], rel=1e-9)
 
 
 @pytest.mark.parametrize("load", [0.5, 0.8])

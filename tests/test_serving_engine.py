@@ -4,8 +4,9 @@
 What "equal to predict" means here. A request served alone (concurrency 1) runs its prompt as one prefill step of
 batch 1 on one rank, and decodes at batch 1 on one rank while the other ranks idle. predict's prefill batch is 1 and
 its decode `batch` is global, so the same busiest-rank shape is predict at batch = attention-DP ranks. Hence:
-- TTFT = predict's TTFT exactly: the prefill step, plus the KV transfer when disaggregated (the first token reaches
-  the user with the cache);
+- TTFT = predict's TTFT exactly: the prefill step, plus the KV transfer when disaggregated, under SGLang's PD flow
+  (the prefill's token is streamed as the cache lands on the idle decode rank; vLLM's PD adds the decode's first
+  step, which recomputes the prompt's last token);
 - with output 2 there is one decode step, at context input + 1, so TPOT = predict's decode_step at that context;
   predict's tpot divides by 1 + mean accepted drafts, while the simulation draws acceptance: with every draft
   accepted both emit 1 + depth tokens a step, and the simulated TPOT over a longer answer equals predict's tpot at
@@ -21,7 +22,7 @@ import pytest
 from npusim import api
 from npusim.errors import NpusimError
 from npusim.graph.accounting import cache_footprint
-from npusim.serving import ClosedLoop, Fixed, Slo, simulate
+from npusim.serving import ClosedLoop, Fixed, Scheduler, Slo, simulate
 from npusim.serving.predicted import ServedPlan, kv_link, mtp_from_plan
 
 SMALL = dict(hw="cloudmatrix384", model="deepseek-v3.1", plan="r1-a3-decode-a16", quant="w8a8c8")  # co-located
@@ -31,8 +32,8 @@ SMALL_ARGS = ("--hw", "cloudmatrix384", "--model", "deepseek-v3.1", "--plan", "r
               "--input", "2048", "--output", "16")
 
 
-def lone(config, input_tokens, output_tokens, overrides=None):
-    served = ServedPlan.of(api.load_setup(**config, overrides=overrides))
+def lone(config, input_tokens, output_tokens, overrides=None, scheduler=Scheduler()):
+    served = ServedPlan.of(api.load_setup(**config, overrides=overrides), scheduler=scheduler)
     raw = {phase: grid.model for phase, grid in served.models.items()}  # same object twice when co-located
     result = simulate(served.deployment, ClosedLoop(1, Fixed(input_tokens), Fixed(output_tokens)), raw, requests=2)
     ranks = (served.deployment.decode or served.deployment.prefill).ranks
@@ -41,7 +42,7 @@ def lone(config, input_tokens, output_tokens, overrides=None):
 
 @pytest.mark.parametrize("config", [SMALL, PD], ids=["co-located", "disaggregated"])
 def test_a_lone_request_takes_predicts_ttft_and_decode_step(config):
-    r, ranks = lone(config, 2048, 2)
+    r, ranks = lone(config, 2048, 2, scheduler=Scheduler("sglang"))
     p = api.predict(**config, input=2048, output=2, batch=ranks, context=2049,
                     overrides=COLOCATED if config is SMALL else None)
     assert r.ttft.tolist() == pytest.approx([p.ttft] * 2, rel=1e-12)
@@ -66,8 +67,7 @@ def test_capacity_link_and_mtp_come_from_the_plan():
     mem = api.predict(**PD, input=2048, output=2, batch=128).memory["decode"]
     assert dec.kv_capacity <= mem.capacity - mem.weights - mem.comm_buffers
     for tokens in (1, 2048, 131072):
-        link = kv_link(setup)
-        sim_time = link.latency + tokens * pre.kv_bytes_per_token / link.bandwidth
+        sim_time = kv_link(setup).time(tokens, pre.kv_bytes_per_token)
         assert sim_time == pytest.approx(api.kv_transfer(setup.model, setup.plan, setup.system, setup.quant, tokens),
                                          rel=1e-9)
     mtp3 = mtp_from_plan(api.load_setup(**PD, overrides={"plan.mtp.depth": "3", "plan.mtp.acceptance": "1.44"}).plan)

@@ -257,8 +257,8 @@ def header(served: ServedPlan, args, requests: int | None) -> None:
     pools = "prefill " + describe_pool(d.prefill, dies["prefill"])
     pools += ", decode " + describe_pool(d.decode, dies["decode"]) if d.decode else " (co-located)"
     if d.link:
-        pools += (f"; KV link {units.format(d.link.bandwidth, 'bandwidth', 3)} per prefill die, "
-                  f"{units.format(d.link.latency, 'time', 3)} per transfer")
+        pools += (f"; KV link {units.format(d.link.bandwidth, 'bandwidth', 3)} per request (the slowest of "
+                  f"egress, link and ingress), {units.format(d.link.latency, 'time', 3)} per transfer")
     print(pools)
     caps = {role: m.capacity for role, m in served.models.items()}
     cache = ", ".join(f"{role} {cap.kv_tokens:,} tokens" for role, cap in caps.items()) if d.decode else \

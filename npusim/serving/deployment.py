@@ -31,16 +31,27 @@ class Pool:
 
 @dataclass(frozen=True)
 class Link:
-    """The path a request's KV (and indexer) cache takes from its prefill instance to its decode instance.
-    One link per prefill instance; transfers on it go one at a time, first come first served."""
+    """The path a request's KV (and indexer) cache takes from its prefill rank to its decode rank: the rate of one
+    request's cache alone (the slowest of sender egress, link and receiver ingress, `parallel.transfer`) and its fixed
+    cost per transfer. Each prefill rank's egress and each decode rank's ingress is one server: transfers through a
+    rank go one at a time, first come first served, so requests landing on one decode rank at once take turns.
+    `bytes_per_token`: a token's cache, every shard (None: the prefill rank's per-die share, a rate per die)."""
 
     bandwidth: float  # bytes/s
     latency: float = 0.0  # s per transfer
+    bytes_per_token: float | None = None
 
     def __post_init__(self):
         _positive(self, "bandwidth")
         if self.latency < 0:
             raise NpusimError(f"must not be negative, got {self.latency}", field="link.latency")
+        if self.bytes_per_token is not None and not self.bytes_per_token > 0:
+            raise NpusimError(f"must be positive, got {self.bytes_per_token!r}", field="link.bytes_per_token")
+
+    def time(self, tokens: int, per_die_bytes: float) -> float:
+        """Seconds `tokens` tokens of one request's cache take alone on the link."""
+        per_token = per_die_bytes if self.bytes_per_token is None else self.bytes_per_token
+        return self.latency + tokens * per_token / self.bandwidth if tokens > 0 else 0.0
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,13 @@
 
 Nothing here computes a latency. A step is `shard` + `step_time` of exactly the shape the scheduler asks for (the
 busiest rank of that phase's instance), the HBM left for the cache comes from `memory`, and the prefill-to-decode
-link from `api.kv_transfer`; `GridStepModel` memoises the calls. Any `--set` override flows through `api.load_setup`.
+link from `parallel.transfer`; `GridStepModel` memoises the calls. Any `--set` override flows through `api.load_setup`.
 
 An attention-FFN disaggregated decode instance is timed by `parallel.af` (both sides' schedule) and its cache
 capacity counted on an attention die. A serving rank is one attention-DP group of the plan: the dies that hold a sequence's cache between them (one die
 under pure DP; tp x cp dies per pipeline stage otherwise). Its KV capacity is counted on one of those dies, with a
-token's cache split over the pipeline stages and CP chunks and replicated over attention TP (MLA's latent is shared
-by all heads), as `parallel.memory` counts it.
+token's cache split over the pipeline stages, CP chunks and GQA's KV heads, and replicated over attention TP
+beyond them (MLA's latent is shared by all heads), as `parallel.memory` counts it.
 
     served = ServedPlan.of(api.load_setup("cloudmatrix384", "deepseek-v3.2-exp", "v32-a3-pd-a17"))
     served.run(OpenLoop(rate=2.0, input=Fixed(8192), output=Fixed(1024)), requests=200, slo=Slo(ttft=2.0)).summary
@@ -20,13 +20,14 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from npusim.api import Setup, kv_transfer
+from npusim.api import Setup
 from npusim.errors import NpusimError
 from npusim.graph.accounting import cache_footprint
 from npusim.parallel.af import af_step
 from npusim.parallel.memory import memory
 from npusim.parallel.shard import shard
 from npusim.parallel.step import step_time
+from npusim.parallel.transfer import kv_path, shards
 from npusim.serving.deployment import Deployment, Link, Mtp, Pool, Scheduler
 from npusim.serving.load import Load
 from npusim.serving.result import ServingResult, Slo
@@ -79,9 +80,10 @@ def _replicas(plan: Plan, phase: str) -> int:
 
 
 def _kv_bytes_per_token(setup: Setup, phase: str) -> float:
-    """Cache bytes one token costs each die of its DP group: split over pipeline stages and CP chunks."""
+    """Cache bytes one token costs each die of its DP group: split over pipeline stages, CP chunks and GQA's KV
+    heads (`parallel.transfer.shards`)."""
     inst = setup.plan.instance(phase)
-    return cache_footprint(setup.model, setup.quant).bytes_per_token / (inst.pp * inst.attention.cp)
+    return cache_footprint(setup.model, setup.quant).bytes_per_token / shards(setup.model, inst)
 
 
 def _free_hbm(setup: Setup, phase: str, max_batch: int, token_budget: int) -> float:
@@ -130,13 +132,11 @@ def mtp_from_plan(plan: Plan) -> Mtp:
 
 
 def kv_link(setup: Setup) -> Link:
-    """The prefill-to-decode link, such that a request's transfer takes exactly `api.kv_transfer`'s time. That time is
-    affine in the tokens moved (latency + bytes / bandwidth of one P2P per sender): read both terms off two sizes,
-    with the bandwidth expressed in the prefill capacity's bytes per token."""
-    s, n = setup, 2**20
-    one, two = (kv_transfer(s.model, s.plan, s.system, s.quant, k) for k in (n, 2 * n))
-    per_token = (two - one) / n
-    return Link(bandwidth=_kv_bytes_per_token(s, "prefill") / per_token, latency=max(0.0, one - n * per_token))
+    """The prefill-to-decode link of the plan on its system (`parallel.transfer.kv_path`): a request's whole cache
+    at the slowest of egress, link and ingress, plus the tier's latency and the transfer engine's fixed costs."""
+    s = setup
+    path = kv_path(s.model, s.plan, s.system, s.quant)
+    return Link(bandwidth=path.bandwidth, latency=path.latency, bytes_per_token=path.bytes_per_token)
 
 
 def deployment_from_plan(setup: Setup, *, chunk_size: int | None = None, kv_headroom: float = 0.01,

@@ -24,7 +24,7 @@ from npusim.serving.steady import SteadyWindow, steady_window
 from npusim.spec import units
 
 REQUEST_COLUMNS = ("request", "arrival", "input", "output", "prefix_hit", "generated", "preemptions", "prefill_rank",
-                   "decode_rank", "scheduled", "first_token", "finish")
+                   "decode_rank", "scheduled", "first_token", "finish", "decode_admitted", "prefill_end", "kv_ready")
 STEP_COLUMNS = ("time", "instance", "role", "step", "batch", "prefill_tokens", "decode_batch", "queue", "kv_usage")
 
 

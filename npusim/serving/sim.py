@@ -25,6 +25,7 @@ Requests and preempted sequences go to the rank with the least KV load (cache he
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Mapping
 
@@ -49,7 +50,8 @@ class Request:
     """A request's progress through the deployment (mutable simulation state; the result keeps a table of it)."""
 
     __slots__ = ("id", "arrival", "input", "output", "prefix_hit", "prompt", "prefilled", "generated", "kv", "state",
-                 "scheduled", "times", "tokens", "finish", "preemptions", "prefill_rank", "decode_rank", "holder", "done")
+                 "scheduled", "times", "tokens", "finish", "preemptions", "prefill_rank", "decode_rank", "holder", "done",
+                 "admitted", "prefill_end", "kv_ready", "dest", "sending", "held")
 
     def __init__(self, id: int, arrival: float, shape: Shape):
         self.id, self.arrival = id, arrival
@@ -67,6 +69,10 @@ class Request:
         self.prefill_rank = self.decode_rank = ""
         self.holder: Rank | None = None  # prefill rank holding the cache during the handoff
         self.done: simpy.Event | None = None  # closed loop: the user waits on it
+        self.admitted = self.prefill_end = self.kv_ready = math.nan  # decode slot given; last chunk; cache landed
+        self.dest: Rank | None = None  # the decode rank that preallocated the cache (SGLang PD)
+        self.sending = 0  # chunk transfers in flight
+        self.held = 0  # tokens computed but not yet delivered to the user (the first, until the decode rank has it)
 
     def emit(self, now: float, tokens: int) -> None:
         self.times.append(now)
@@ -88,6 +94,9 @@ class Rank:
         self.kv_used = 0
         self.queued = 0  # cache tokens the waiting requests will need
         self.inbound = 0  # admitted requests whose cache is still crossing the link
+        self.arrived: list[Request] = []  # caches landed, joining the running batch at the next step boundary
+        self.prealloc: deque[Request] = deque()  # SGLang PD: requests waiting for this decode rank to reserve a slot
+        self.port = simpy.Resource(instance.sim.env, capacity=1)  # this rank's egress (prefill) / ingress (decode)
         self.ratio = Scheduler.INIT_RATIO  # SGLang's new_token_ratio (output reserved per running request)
 
     def load(self) -> int:
@@ -120,7 +129,7 @@ class Rank:
             chunks = self.prefill_batch(0, False) if prefill else []
             decodes = self.decode_batch(tps) if inst.decodes and not chunks else []
         if not inst.prefills:
-            self.admit_handoffs()
+            self.admit_prealloc() if inst.sim.early_alloc else self.admit_handoffs()
         seconds = 0.0
         if chunks:
             seconds += inst.model.prefill_time(sum(n for _, n in chunks), sum(r.prefilled for r, _ in chunks),
@@ -229,12 +238,58 @@ class Rank:
             self.inbound += 1
             r.state = TRANSFER
             r.decode_rank = self.name
+            r.admitted = sim.env.now
             sim.env.process(sim.transfer(r, self))
+
+    def reserve(self, r: Request, front: bool = False) -> None:
+        """SGLang PD: r waits in this decode rank's prealloc queue; its prefill starts once a slot is reserved."""
+        (self.prealloc.appendleft if front else self.prealloc.append)(r)
+        self.queued += r.prompt
+        self.instance.sim.count(waiting=1)
+        self.admit_prealloc()
+
+    def admit_prealloc(self) -> None:
+        """SGLang's DecodePreallocQueue: reserve the prompt's cache while the running limit and the cache allow (the
+        headroom kept while others run), then hand the request to a prefill rank (its bootstrap is done)."""
+        sim = self.instance.sim
+        while self.prealloc and len(self.running) + self.inbound < self.max_batch:
+            r = self.prealloc[0]
+            if self.kv_used + r.prompt > (self.admit_limit if self.running or self.inbound else self.kv_tokens):
+                return
+            self.prealloc.popleft()
+            self.queued -= r.prompt
+            sim.count(waiting=-1)
+            self.kv_used += r.prompt
+            self.inbound += 1
+            r.dest, r.decode_rank, r.admitted = self, self.name, sim.env.now
+            min(sim.entry, key=Rank.load).enqueue(r)
+
+    def release(self, r: Request) -> None:
+        """Give back a reservation whose request finished at its prefill (a one-token output)."""
+        self.kv_used -= r.prompt
+        self.inbound -= 1
+        r.dest = None
+        self.admit_prealloc()
+
+    def join_arrived(self, now: float) -> None:
+        """Requests whose cache has landed join the running batch at this step boundary (SGLang's transfer queue is
+        polled once per scheduler pass); SGLang streams the prefill's token now, vLLM with its first decode step."""
+        for r in self.arrived:
+            r.state = DECODE
+            self.running.append(r)
+            if self.instance.sim.early_alloc:
+                r.emit(now, r.held)
+                r.held = 0
+        self.arrived.clear()
 
     def finish(self, decodes: list[Request], chunks: list[tuple[Request, int]], now: float) -> None:
         """Apply a finished step: emit tokens, complete requests, hand prompts over to decode."""
         if decodes:
             for r, e in zip(decodes, self.instance.sim.emitted(len(decodes))):
+                if r.held:  # vLLM PD: the first step recomputes the prompt's last token, giving the first token
+                    r.emit(now, r.held)
+                    r.held = 0
+                    continue
                 e = min(e, r.output - r.generated)
                 r.kv += e
                 self.kv_used += e
@@ -242,22 +297,32 @@ class Rank:
                 r.emit(now, e)
                 if r.generated >= r.output:
                     self.complete(r, now)
+        sim = self.instance.sim
         for r, n in chunks:
+            if r.dest is not None:  # SGLang: each chunk's cache is sent as its forward ends (the prefix with the first)
+                sim.send(r, self, n + (r.prefix_hit if r.prefilled == r.prefix_hit else 0))
             r.prefilled += n
             if r.prefilled < r.prompt:
                 continue
             r.generated += 1
+            r.prefill_end = now
             if r.generated >= r.output:
                 r.emit(now, 1)
+                if r.dest is not None:
+                    r.dest.release(r)
                 self.complete(r, now)
             elif self.instance.decodes:
                 r.emit(now, 1)
                 r.state = DECODE
-            else:  # the token reaches the user with the cache, from the decode rank (transfer())
+            else:  # the token reaches the user with the cache, from the decode rank
                 self.running.remove(r)
                 r.state = HANDOFF
                 r.holder = self
-                self.instance.sim.handoff(r)
+                r.held = 1
+                if r.dest is None:
+                    sim.handoff(r)
+                elif not r.sending:
+                    sim.deliver(r)
 
     def complete(self, r: Request, now: float) -> None:
         self.running.remove(r)
@@ -287,7 +352,6 @@ class Instance:
         self.sim, self.name, self.role, self.model = sim, name, role, model
         self.prefills = role in ("prefill", "both")
         self.decodes = role in ("decode", "both")
-        self.link = simpy.Resource(sim.env, capacity=1) if role == "prefill" else None
         self.ranks = [Rank(self, i, sim.deployment.kv_headroom) for i in range(ranks)]
         self.kv_total = sum(rank.kv_tokens for rank in self.ranks)
         self.wake = sim.env.event()
@@ -314,6 +378,8 @@ class Instance:
     def run(self):
         env, log = self.sim.env, self.sim.steps
         while True:
+            for rank in self.ranks:
+                rank.join_arrived(env.now)
             prefill = self.allow_prefill()
             plans = [rank.plan(prefill) for rank in self.ranks]
             seconds = max(p[0] for p in plans)
@@ -340,6 +406,8 @@ class _Simulation:
         self.deployment, self.load = deployment, load
         self.limit, self.duration, self.progress = requests, duration, progress
         self.env = simpy.Environment()
+        # SGLang PD: the decode rank preallocates before the prefill starts (bootstrap), chunks are sent as they end
+        self.early_alloc = deployment.disaggregated and deployment.scheduler.policy == "sglang"
         self.requests: list[Request] = []
         self.arrived = 0  # open-loop arrivals so far (a capped client may not have sent them yet)
         self.steps: list[tuple] = []
@@ -372,30 +440,59 @@ class _Simulation:
                               field="load")
         self.requests.append(r)
         self.count(in_system=1)
-        min(self.entry, key=Rank.load).enqueue(r)
+        if self.early_alloc:
+            min(self.exits, key=Rank.load).reserve(r)
+        else:
+            min(self.entry, key=Rank.load).enqueue(r)
         return r
 
     def handoff(self, r: Request) -> None:
         min(self.exits, key=Rank.load).enqueue(r)
 
     def requeue(self, r: Request, rank: Rank) -> None:
-        (rank if rank.instance.prefills else min(self.entry, key=Rank.load)).enqueue(r, front=True)
+        if rank.instance.prefills:
+            rank.enqueue(r, front=True)
+        elif self.early_alloc:  # a retracted request bootstraps again
+            min(self.exits, key=Rank.load).reserve(r, front=True)
+        else:
+            min(self.entry, key=Rank.load).enqueue(r, front=True)
+
+    def move(self, src: Rank, dst: Rank, tokens: int):
+        """`tokens` tokens of cache through the sender's egress and the receiver's ingress, one transfer at a time
+        on each (the egress is held while the ingress is busy)."""
+        seconds = self.deployment.link.time(tokens, src.instance.model.capacity.kv_bytes_per_token)
+        with src.port.request() as out:
+            yield out
+            with dst.port.request() as into:
+                yield into
+                yield self.env.timeout(seconds)
 
     def transfer(self, r: Request, dst: Rank):
-        """Carry r's cache over its prefill instance's link; the prefill rank frees it on arrival."""
-        src = r.holder
-        link = self.deployment.link
-        with src.instance.link.request() as turn:
-            yield turn
-            yield self.env.timeout(link.latency + r.kv * src.instance.model.capacity.kv_bytes_per_token
-                                   / link.bandwidth)
+        """vLLM PD: the decode rank, having allocated r's blocks, pulls its whole cache from the prefill rank."""
+        yield from self.move(r.holder, dst, r.kv)
+        self.deliver(r, dst)
+
+    def send(self, r: Request, src: Rank, tokens: int) -> None:
+        r.sending += 1
+        self.env.process(self._send(r, src, tokens))
+
+    def _send(self, r: Request, src: Rank, tokens: int):
+        yield from self.move(src, r.dest, tokens)
+        r.sending -= 1
+        if not r.sending and r.state is HANDOFF:
+            self.deliver(r)
+
+    def deliver(self, r: Request, dst: Rank | None = None) -> None:
+        """r's cache has landed on `dst` (SGLang: the rank that preallocated it): the prefill rank frees its copy; r
+        joins the decode rank's running batch at its next step."""
+        src, dst = r.holder, dst or r.dest
         src.kv_used -= r.kv
-        r.emit(self.env.now, 1)
-        r.holder = None
+        r.holder, r.dest = None, None
         src.instance.kick()
+        r.kv_ready = self.env.now
+        r.state = TRANSFER
         dst.inbound -= 1
-        r.state = DECODE
-        dst.running.append(r)
+        dst.arrived.append(r)
         dst.instance.kick()
 
     def emitted(self, batch: int) -> list[int]:
@@ -504,7 +601,7 @@ def _request_table(requests: list[Request]) -> pd.DataFrame:
     return pd.DataFrame(
         [(r.id, r.arrival, r.input, r.output, r.prefix_hit, r.generated, r.preemptions, r.prefill_rank, r.decode_rank,
           nan if r.scheduled is None else r.scheduled, r.times[0] if r.times else nan,
-          nan if r.finish is None else r.finish) for r in requests],
+          nan if r.finish is None else r.finish, r.admitted, r.prefill_end, r.kv_ready) for r in requests],
         columns=list(REQUEST_COLUMNS))
 
 

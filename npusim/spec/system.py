@@ -28,6 +28,11 @@ class Tier:
                             doc="fixed software cost of starting one collective (HCCL op expansion, handshakes)")
     links_per_rank: int = count(default=1)
 
+    @property
+    def pair_bandwidth(self) -> float:
+        """Per direction between two ranks: one link of a full mesh, the whole port on a switched tier."""
+        return self.bandwidth / self.links_per_rank if self.topology == "full-mesh" else self.bandwidth
+
 
 HCCL_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 
@@ -47,6 +52,17 @@ class Hccl:
 
 
 @dataclass(frozen=True, kw_only=True)
+class KvTransfer:
+    """Fixed costs of moving one request's KV cache between two pools with the transfer engine the serving
+    frameworks use on this system (Mooncake / HIXL device-to-device writes; timing in npusim.parallel.transfer)."""
+
+    per_request: float = quantity("time", minimum=0.0, strict=False,
+                                  doc="a request's handshake, batch submit and completion notify")
+    per_block: float = quantity("time", minimum=0.0, strict=False,
+                                doc="one contiguous block (a layer's cache buffer) in the engine's batch")
+
+
+@dataclass(frozen=True, kw_only=True)
 class System:
     name: str = text()
     description: str = text(default="")
@@ -55,6 +71,7 @@ class System:
     chips_per_node: int = count()
     tiers: dict[str, Tier]
     hccl: Hccl | None = None
+    kv_transfer: KvTransfer | None = None
     host_link: float = quantity("bandwidth", doc="host <-> device per rank, per direction (KV offload)")
     power_per_chip: float = quantity("power", doc="all-in system power per package (CPUs, switches, optics)")
     price_per_chip: float = quantity("money", doc="all-in system price per package")
