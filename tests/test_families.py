@@ -166,3 +166,18 @@ def test_index_topk_freq_shares_the_indexer_over_k_layers(tmp_path):
     same = load_model(_variant(tmp_path, "GLM-5", indexer_types=["full", "shared", "shared", "shared"] * 19
                                + ["full", "shared"]))
     assert same.indexer_layers == glm.indexer_layers
+
+
+def test_predict_costs_a_system_given_as_a_file(tmp_path):
+    """The cost step reloads the system: by the file it was given, not by the name inside it."""
+    import shutil
+    import subprocess
+    import sys
+
+    system = tmp_path / "my-cloudmatrix.yaml"
+    shutil.copy(Path(__file__).resolve().parents[1] / "hardware" / "systems" / "cloudmatrix384.yaml", system)
+    out = subprocess.run([sys.executable, "-m", "npusim.cli.main", "predict", "--hw", str(system), "--model",
+                          "deepseek-v3.1", "--plan", "r1-a3-decode-a16", "--input", "4096", "--output", "1024",
+                          "--batch", "64", "--format", "json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["cost"]["decode_usd_per_mtok"] > 0

@@ -75,7 +75,7 @@ def run(args) -> None:
                        overrides=common.parse_overrides(args.overrides))
     if args.trace:
         Path(args.trace).write_text(json.dumps(pred.chrome_trace()))
-    price = cost(pred)
+    price = cost(pred, hw=args.hw)
     emitted = _launch(args) if args.emit else None
     if args.format == "json":
         extra = {"launch": emitted.as_dict()} if emitted else {}

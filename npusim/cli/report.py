@@ -114,7 +114,7 @@ def run(args) -> None:
         title = f"plan {args.target}"
     pred = api.predict(**kwargs)
     trace_file.write_text(json.dumps(pred.chrome_trace()))
-    sections = report.prediction_sections(pred, cost(pred), trace_file.name, _validation())
+    sections = report.prediction_sections(pred, cost(pred, hw=kwargs["hw"]), trace_file.name, _validation())
     if search:
         sections.append(report.frontier(pd.DataFrame(search.get("frontier", [])),
                                         pd.DataFrame(search.get("runners_up", [])),

@@ -64,9 +64,11 @@ def chip_usd_per_second(power_w: float, price_usd: float, params: CostParams) ->
     return capital + energy
 
 
-def cost(pred: Prediction, params: CostParams = CostParams()) -> Cost:
-    """Cost of the prediction's deployment on its system (with the same hardware overrides)."""
-    system = load_system(pred.system, split_overrides(pred.overrides)["hw"])
+def cost(pred: Prediction, params: CostParams = CostParams(), hw: str | None = None) -> Cost:
+    """Cost of the prediction's deployment on its system (with the same hardware overrides). `hw`: the system as
+    the prediction was asked for, a catalog name or a YAML file (the prediction keeps only its name, which a file
+    outside hardware/systems does not resolve)."""
+    system = load_system(hw or pred.system, split_overrides(pred.overrides)["hw"])
     per_s = chip_usd_per_second(system.power_per_chip, system.price_per_chip, params) / params.utilisation
     watts = system.power_per_chip * params.pue
     prefill_rate = pred.prefill_tokens_per_s_per_chip or math.nan  # a decode-only plan: no prefill cost
