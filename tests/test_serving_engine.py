@@ -163,3 +163,17 @@ def test_serve_names_an_instance_by_its_dies_and_the_knee_by_the_whole_slo():
            "1 die)" in r.stdout
     assert "per attention-DP rank (prefill 64 dies, decode 1 die): KV cache" in r.stdout
     assert "the SLO (ttft 2 s, tpot 1 us) is missed already at 1 requests/s (TPOT p99)" in r.stdout
+
+
+def test_a_budget_beyond_the_chunk_reserves_activations_for_the_chunk_that_runs():
+    """SGLang's --max-prefill-tokens 262144 beside --chunked-prefill-size 32768: a step's prompt tokens stay within
+    the chunk (PrefillAdder's rem_chunk_tokens), so the HBM left for the cache is the 32K budget's, not refused."""
+    setup = api.load_setup("atlas-800-a3", "deepseek-v3.1", "r1-a3-sglang-pd-w4a8", None, {"chips": "16"})
+    wide = ServedPlan.of(setup, token_budget=262144, chunk_size=32768)
+    narrow = ServedPlan.of(setup, token_budget=32768)
+    assert wide.deployment.chunk_size == 32768
+    for role in ("prefill", "decode"):
+        assert wide.models[role].capacity.kv_capacity == narrow.models[role].capacity.kv_capacity
+    assert wide.models["prefill"].capacity.token_budget == 262144
+    with pytest.raises(NpusimError, match="positive number of tokens"):
+        ServedPlan.of(setup, chunk_size=0)

@@ -75,6 +75,9 @@ def register(sub) -> None:
                    help=f"prompt (vllm: and decode) tokens per rank and step (default {TOKEN_BUDGET})")
     p.add_argument("--no-chunking", action="store_true", help="prefill long prompts whole instead of in budget chunks "
                                                               "(SGLang --chunked-prefill-size -1)")
+    p.add_argument("--chunk-size", type=int, default=None,
+                   help="prompt tokens per chunk and step when chunking, apart from the budget (SGLang "
+                        "--chunked-prefill-size beside --max-prefill-tokens; default the token budget)")
     p.add_argument("--slo", help="latency limits, e.g. ttft=2s,tpot=30ms")
     p.add_argument("--seed", type=common.seed, default=0, help="random seed of arrivals, lengths and MTP draws (default 0)")
     p.add_argument("--figures", metavar="DIR", help="write figures (latency CDFs and timeline, or the rate sweep)")
@@ -115,7 +118,7 @@ def _run(args) -> None:
     running = {role: n for role, n in (("prefill", args.prefill_max_batch), ("decode", args.decode_max_batch))
                if n is not None}
     served = ServedPlan.of(setup, max_batch=args.max_batch, token_budget=args.token_budget,
-                           chunked=not args.no_chunking, scheduler=Scheduler(args.scheduler, args.mixed_chunk,
+                           chunked=not args.no_chunking, chunk_size=args.chunk_size, scheduler=Scheduler(args.scheduler, args.mixed_chunk,
                                                                             args.prefill_delay),
                            running=running)
     figures = Path(args.figures) if args.figures else None

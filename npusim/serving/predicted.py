@@ -86,10 +86,10 @@ def _kv_bytes_per_token(setup: Setup, phase: str) -> float:
     return cache_footprint(setup.model, setup.quant).bytes_per_token / shards(setup.model, inst)
 
 
-def _free_hbm(setup: Setup, phase: str, max_batch: int, token_budget: int) -> float:
+def _free_hbm(setup: Setup, phase: str, max_batch: int, step_tokens: int) -> float:
     """HBM per die left for the cache beside weights, communication buffers and the activations of the largest step
-    the scheduler runs (a full token budget of prompt; a full batch of decodes)."""
-    batch, length = (1, token_budget) if phase == "prefill" else (max_batch, 1)
+    the scheduler runs (`step_tokens` of prompt; a full batch of decodes)."""
+    batch, length = (1, step_tokens) if phase == "prefill" else (max_batch, 1)
     s = setup
     if phase == "decode" and s.plan.instance("decode").ffn_ranks:  # the cache lives on the attention dies
         mem = af_step(s.model, s.plan, s.system, batch=batch * _replicas(s.plan, phase), context=length,
@@ -101,12 +101,15 @@ def _free_hbm(setup: Setup, phase: str, max_batch: int, token_budget: int) -> fl
 
 
 def engine_capacity(setup: Setup, phases: tuple[str, ...], *, max_batch: int = MAX_BATCH,
-                    token_budget: int = TOKEN_BUDGET) -> Capacity:
+                    token_budget: int = TOKEN_BUDGET, step_tokens: int | None = None) -> Capacity:
     """What one rank of the pool running `phases` holds: the tighter phase decides (co-located pools run both).
-    Sliding-window rings (V4) are reserved for a full batch up front."""
+    Activations are reserved for the largest prefill step, `step_tokens` (default the budget: with chunking SGLang's
+    PrefillAdder and vLLM cap a step's prompt tokens at the chunk). Sliding-window rings (V4) are reserved for a
+    full batch up front."""
     inst = setup.plan.instance(phases[0])
     fixed = cache_footprint(setup.model, setup.quant).fixed_bytes_per_sequence / inst.pp
-    free = min(_free_hbm(setup, phase, max_batch, token_budget) for phase in phases) - max_batch * fixed
+    step = step_tokens or token_budget
+    free = min(_free_hbm(setup, phase, max_batch, step) for phase in phases) - max_batch * fixed
     if free <= 0:
         raise NpusimError(f"the {'/'.join(phases)} ranks have no HBM left for the KV cache ("
                           f"{units.format(-free, 'bytes', 3)} short with {max_batch} sequences and a {token_budget}-"
@@ -168,13 +171,19 @@ class ServedPlan:
 
     @classmethod
     def of(cls, setup: Setup, *, max_batch: int = MAX_BATCH, token_budget: int = TOKEN_BUDGET,
-           chunked: bool = True, points_per_octave: int = 4, scheduler: Scheduler = Scheduler(),
-           running: Mapping[str, int] | None = None) -> ServedPlan:
-        """`chunked`: prompts longer than the token budget run in budget-sized chunks (vLLM V1, SGLang); otherwise
-        whole, alone in their step (activations are still reserved for one budget only). `running` sets the
-        running limit per rank of the prefill and/or decode pool of a disaggregated plan apart from `max_batch`
-        (SGLang's --max-running-requests of each instance, divided by its DP size)."""
-        deployment = deployment_from_plan(setup, chunk_size=token_budget if chunked else None, scheduler=scheduler)
+           chunked: bool = True, chunk_size: int | None = None, points_per_octave: int = 4,
+           scheduler: Scheduler = Scheduler(), running: Mapping[str, int] | None = None) -> ServedPlan:
+        """`chunked`: prompts longer than the chunk run in chunks of `chunk_size` (SGLang's --chunked-prefill-size;
+        default the token budget, vLLM V1's) and a step's prompt tokens stay within the chunk, so activations are
+        reserved for the smaller of chunk and budget; otherwise whole, alone in their step (activations are still
+        reserved for one budget only). `running` sets the running limit per rank of the prefill and/or decode pool
+        of a disaggregated plan apart from `max_batch` (SGLang's --max-running-requests of each instance, divided by
+        its DP size)."""
+        if chunk_size is not None and chunk_size < 1:
+            raise NpusimError(f"must be a positive number of tokens, got {chunk_size}", field="--chunk-size")
+        deployment = deployment_from_plan(setup, chunk_size=(chunk_size or token_budget) if chunked else None,
+                                          scheduler=scheduler)
+        step_tokens = min(token_budget, deployment.chunk_size) if deployment.chunk_size else token_budget
         running = dict(running or {})
         if running and not deployment.disaggregated:
             raise NpusimError("a co-located plan has one pool: give its running limit as max_batch",
@@ -183,7 +192,8 @@ class ServedPlan:
             {"both": ("prefill", "decode")}
         grids = {role: GridStepModel(EngineStepModel(setup, engine_capacity(setup, phases,
                                                                             max_batch=running.get(role, max_batch),
-                                                                            token_budget=token_budget)),
+                                                                            token_budget=token_budget,
+                                                                            step_tokens=step_tokens)),
                                      points_per_octave=points_per_octave)
                  for role, phases in roles.items()}
         models = grids if deployment.disaggregated else {"prefill": grids["both"], "decode": grids["both"]}
