@@ -200,7 +200,7 @@ def _sglang_field(node: ast.AST, names: dict) -> dict | None:
     cli = _help_text(kw.get("cli_name")) or "--" + node.target.id.replace("_", "-")
     aliases = literal(kw["aliases"], names) if "aliases" in kw else []
     type_, choices = _annotation_type(inner, names)
-    if "choices" in kw:
+    if "choices" in kw and literal(kw["choices"], names) is not None:
         choices = literal(kw["choices"], names)
     action = _help_text(kw.get("action")) or _name(kw.get("action")) if "action" in kw else ""
     if action and action not in ("store_true", "store_false"):
@@ -310,6 +310,27 @@ def _get_key(node: ast.AST, owner: str) -> str:
     return ""
 
 
+# ---------------------------------------------------------------------------------------------- environment
+
+ENV_FILES = {"sglang": "sglang/srt/environ.py", "vllm": "vllm/envs.py", "vllm_ascend": "vllm_ascend/envs.py"}
+
+
+def env_names(pkg: Package, path: str) -> list[str]:
+    """The environment variables a package reads: the string keys of its env dicts, the names passed to
+    os.getenv / os.environ.get, and (SGLang's environ.py) the class attributes bound to Env*(...) declarations."""
+    names = set()
+    for node in ast.walk(pkg.tree(path)):
+        if isinstance(node, ast.Dict):
+            names |= {k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+        elif isinstance(node, ast.Call) and _name(node.func) in ("getenv", "get") and node.args \
+                and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            names.add(node.args[0].value)
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
+                and _name(node.value.func).startswith("Env"):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    return sorted(n for n in names if n.isupper() and n.replace("_", "").isalnum())
+
+
 # ---------------------------------------------------------------------------------------------------------- main
 
 EXTRACT = {"sglang": sglang, "vllm": vllm, "vllm_ascend": vllm_ascend}
@@ -325,9 +346,12 @@ def main(argv: list[str] | None = None) -> None:
         if not (path.suffix == ".whl" or path.name.endswith(".tar.gz")) or stem[0] not in EXTRACT:
             continue
         name, version = stem[0], stem[1].removesuffix(".tar.gz")
-        data = EXTRACT[name](Package(path))
+        pkg = Package(path)
+        data = EXTRACT[name](pkg)
+        data["env"] = env_names(pkg, ENV_FILES[name])
+        data["sources"].append(ENV_FILES[name])
         out = {"framework": name.replace("_", "-"), "version": version, "package": path.name,
-               "sha256": Package(path).sha256, "extracted_by": "scripts/framework_flags.py", **data}
+               "sha256": pkg.sha256, "extracted_by": "scripts/framework_flags.py", **data}
         target = OUT / f"{out['framework']}-{version}.json"
         target.write_text(json.dumps(out, indent=1, sort_keys=False) + "\n")
         count = len(data.get("flags", data.get("additional_config", [])))

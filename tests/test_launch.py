@@ -1,9 +1,14 @@
 """Launch commands (npusim plan / predict --emit): every flag written is one the framework documents, with a documented
-value; the parallel layout of the published deployments comes back as their published flags; what a framework cannot
-express is said, not approximated."""
+value, and one the named release (SGLang 0.5.23, vLLM 0.23.0 / vLLM-Ascend 0.23.0.post1, extracted from the packages
+by scripts/framework_flags.py) has, neither hidden nor deprecated, with a value its validation accepts; the parallel
+layout of the published deployments comes back as their published flags; what a framework cannot express is said,
+not approximated, and a cache format it cannot store is refused."""
 
+import importlib.util
 import json
+import math
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -53,6 +58,17 @@ def flags(argv: list[str]) -> list[tuple[str, str | None]]:
     return [tuple(x) for x in out]
 
 
+def environment(argv: list[str]) -> dict[str, str]:
+    """The NAME=value assignments before the command's program."""
+    out = {}
+    for w in argv:
+        if "=" not in w or w.startswith("-"):
+            break
+        name, value = w.split("=", 1)
+        out[name] = value
+    return out
+
+
 def parsed(launch_):
     """{role: [flags of each command]} read back from the printed script."""
     out = {}
@@ -70,7 +86,7 @@ def parsed(launch_):
 @pytest.mark.parametrize("plan", sorted(p for p in PLANS.names() if p.split("-")[0] in MODEL))
 def test_every_emitted_flag_is_documented(plan, framework):
     table = load_framework(framework)
-    quant = "bf16" if plan.startswith("v4") else "w8a8c8"
+    quant = "bf16" if plan.startswith("v4") else "w8a8c8" if framework == "vllm-ascend" else "w8a8"
     out = emitted(plan, framework, quant)
     for role, cmds in parsed(out).items():
         documented = table.router_flags if role == "router" else table.flags
@@ -96,7 +112,8 @@ def _keys(tree, prefix=""):
 
 
 # The parallel flags of SGLang's published Ascend deployments (docs/platforms/ascend/ascend_npu_best_practice.md, as
-# quoted in each plan file's header): the plan modelling each must give them back.
+# quoted in each plan file's header): the plan modelling each must give them back, in SGLang 0.5.23's spelling
+# (CURRENT: the published flags that 0.5.23 deprecates or no longer has, and what its server_args has instead).
 SGLANG_PUBLISHED = {
     "r1-a3-sglang-mixed-dp16": {"mixed": "--tp-size 16 --dp-size 16 --enable-dp-attention --enable-dp-lm-head "
                                           "--ep-size 16 --moe-a2a-backend deepep --deepep-mode auto "
@@ -121,8 +138,11 @@ SGLANG_PUBLISHED = {
                                        "--enable-dp-attention --enable-dp-lm-head --moe-a2a-backend deepep "
                                        "--deepep-mode low_latency --speculative-num-steps 3"},
 }
-PARALLEL = ("--tp-size", "--dp-size", "--enable-dp-attention", "--enable-dp-lm-head", "--moe-dense-tp-size",
-            "--attn-cp-size", "--enable-dsa-prefill-context-parallel", "--deepep-mode", "--moe-a2a-backend",
+CURRENT = {"--enable-dp-attention": [], "--dp-size": [("--attn-dp-size", None)],
+           "--enable-dsa-prefill-context-parallel": [("--enable-prefill-cp", None)],
+           "--dsa-prefill-cp-mode": [("--cp-strategy", {"in-seq-split": "zigzag"})]}
+PARALLEL = ("--tp-size", "--attn-dp-size", "--enable-dp-lm-head", "--moe-dense-tp-size",
+            "--attn-cp-size", "--enable-prefill-cp", "--cp-strategy", "--deepep-mode", "--moe-a2a-backend",
             "--enable-two-batch-overlap")
 
 
@@ -132,12 +152,32 @@ def test_sglang_published_deployments_come_back_as_published(plan):
     assert not [n for n in out.notes if "_tp" in n.split(":")[0]], out.notes  # every split is SGLang's own
     got = parsed(out)
     for role, text in SGLANG_PUBLISHED[plan].items():
-        want = dict(flags(["python", "-m", "x"] + shlex.split(text)))
+        want = dict(current(flags(["python", "-m", "x"] + shlex.split(text))))
         have = got[role][0]
         for name, value in want.items():
             assert have.get(name, "absent") == value, f"{plan} {role}: {name}"
         for name in PARALLEL:  # and no parallel flag the published command does not pass
             assert name in want or name not in have, f"{plan} {role}: {name} {have[name]} not published"
+
+
+def current(published):
+    """Published SGLang flags in 0.5.23's spelling (CURRENT)."""
+    out = []
+    for name, value in published:
+        for new, values in CURRENT.get(name, [(name, None)]):
+            out.append((new, values.get(value, value) if values else value))
+    return out
+
+
+def test_published_spellings_are_what_the_release_deprecates_or_dropped():
+    release = load_framework("sglang").release
+    assert "deprecated" in release.problem("--enable-dp-attention", None)
+    assert "not a flag" in release.problem("--enable-dsa-prefill-context-parallel", None)
+    assert "not a flag" in release.problem("--dsa-prefill-cp-mode", "in-seq-split")
+    assert "deprecated" in release.problem("--disable-cuda-graph", None)
+    assert "hidden" in release.problem("--forward-pass-metrics-worker-id", "1")
+    assert "takes one of" in release.problem("--cp-strategy", "in-seq-split")
+    assert release.problem("--cp-strategy", "zigzag") == release.problem("--attn-dp-size", "8") == ""
 
 
 def test_vllm_v32_tutorial_1p1d_comes_back_as_documented(tmp_path):
@@ -229,3 +269,219 @@ def test_each_role_is_emitted_with_its_own_streams():
     roles = parsed(launch("sglang", setup.plan, setup.model, setup.quant, setup.system, LIMITS))
     assert "--enable-two-batch-overlap" in roles["prefill"][0]
     assert "--enable-two-batch-overlap" not in roles["decode"][0]  # the prefill's microbatches stay on prefill
+
+
+# The README's examples, as the planner recommends them (README "Capacity planning"): the 128K disaggregated plan and
+# the 2K co-located winner.
+README_PLANS = {
+    "readme-128k": "prefill: {ranks: 256, instances: 2, attention: {cp: 256}, moe: {ep: 256}, o_proj_tp: 1,"
+                   " embed_tp: 256, lm_head_tp: 256, dense_tp: 256}\n"
+                   "decode: {ranks: 32, attention: {dp: 32}, moe: {ep: 32}, o_proj_tp: 8, dense_tp: 4, embed_tp: 1,"
+                   " lm_head_tp: 1}\nmtp: {depth: 3, acceptance: 1.44}\n",
+    "readme-2k-colocated": "decode: {ranks: 32, attention: {dp: 4, tp: 8}, moe: {ep: 32}, o_proj_tp: 8, dense_tp: 4}\n"
+                           "colocated: true\n",
+}
+
+
+def _setups(tmp_path):
+    """(name, setup, quant) of every shipped plan and of the README's, in each quantisation they are planned in."""
+    out = []
+    for plan in sorted(p for p in PLANS.names() if p.split("-")[0] in MODEL):
+        family, system = plan.split("-")[:2]
+        grow = {"chips": "48"} if system == "a2" else None
+        for quant in (("bf16",) if family.startswith("v4") else ("w8a8", "w8a8c8")):
+            out.append((plan, api.load_setup(HW[system], MODEL[family], plan, quant, grow), quant))
+    for name, text in README_PLANS.items():
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(text)
+        for quant in ("w8a8", "w8a8c8"):
+            out.append((name, api.load_setup("cloudmatrix384", "deepseek-v3.2-exp", str(path), quant), quant))
+    return out
+
+
+def sglang_rule_problems(flags_, env, ranks, setup) -> list[str]:
+    """What SGLang 0.5.23's validation (parallel_hook.py, validation_hook.py) or the model would refuse, or what
+    DeepEP's dispatch buffer would not hold, in one server's flags."""
+    f, m, per_node = flags_, setup.model, setup.system.ranks_per_node
+    tp, pp = int(f["--tp-size"]), int(f.get("--pp-size", 1))
+    adp, cp, nnodes = int(f.get("--attn-dp-size", 1)), int(f.get("--attn-cp-size", 1)), int(f.get("--nnodes", 1))
+    ep = int(f.get("--ep-size", 1))
+    attn_tp = tp // (adp * cp) if tp % (adp * cp) == 0 else 0
+    rules = {
+        "tp x pp is the server's ranks": tp * pp == ranks,
+        "tp_size divisible by attn_dp_size x attn_cp_size": attn_tp > 0,
+        "the attention TP divides the heads": attn_tp and m.num_attention_heads % attn_tp == 0,
+        "--enable-prefill-cp exactly with attn_cp_size > 1": ("--enable-prefill-cp" in f) == (cp > 1),
+        "--cp-strategy set with --enable-prefill-cp": ("--enable-prefill-cp" not in f) or "--cp-strategy" in f,
+        "moe_dense_tp_size in (None, 1, tp_size)": f.get("--moe-dense-tp-size", "1") in ("1", str(tp)),
+        "tp x pp divisible by nnodes": (tp * pp) % nnodes == 0,
+        "nnodes is the nodes the ranks fill": nnodes == math.ceil(ranks / per_node),
+        "ep_size 1 or tp_size": ep in (1, tp),
+        "experts (with redundant) divisible by ep_size":
+            (m.n_routed_experts + int(f.get("--ep-num-redundant-experts", 0))) % ep == 0,
+        "draft tokens are steps + 1": "--speculative-num-steps" not in f
+            or int(f["--speculative-num-draft-tokens"]) == int(f["--speculative-num-steps"]) + 1,
+    }
+    if f.get("--deepep-mode") in ("low_latency", "auto"):
+        per_group = math.ceil(int(f["--max-running-requests"]) / adp)
+        tokens = per_group * int(f.get("--speculative-num-draft-tokens", 1))
+        rules["DeepEP dispatch holds a decode step"] = (
+            int(env.get("SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", 128)) * attn_tp >= tokens)
+    return [rule for rule, ok in rules.items() if not ok]
+
+
+def vllm_rule_problems(flags_, env, ranks, role, setup) -> list[str]:
+    """What vLLM 0.23.0's config checks (ModelConfig heads / TP, SchedulerConfig tokens / seqs) or the Mooncake
+    connector's shape would refuse in one server's flags."""
+    f, m = flags_, setup.model
+    tp, dp, pp = int(f["--tensor-parallel-size"]), int(f.get("--data-parallel-size", 1)), \
+        int(f.get("--pipeline-parallel-size", 1))
+    rules = {
+        "TP divides the attention heads": m.num_attention_heads % tp == 0,
+        "DP x TP x PP is the server's ranks": dp * tp * pp == ranks,
+        "max_num_batched_tokens >= max_num_seqs": int(f["--max-num-batched-tokens"]) >= int(f["--max-num-seqs"]),
+        "EP divides the experts": "--enable-expert-parallel" not in f or m.n_routed_experts % (dp * tp) == 0,
+    }
+    if "--kv-transfer-config" in f:
+        shape = json.loads(f["--kv-transfer-config"])["kv_connector_extra_config"][role]
+        rules["the connector's shape is the server's"] = shape == {"dp_size": dp, "tp_size": tp}
+    return [rule for rule, ok in rules.items() if not ok]
+
+
+def test_every_emitted_command_passes_the_release(tmp_path):
+    """Every shipped plan and the README's, in each framework: each flag is one of the release, neither hidden nor
+    deprecated, with a value its choices and validation accept; each environment variable is read by the release or
+    the Ascend runtime; both sides of a PD pair hold the cache format npusim sized; C8 caches SGLang cannot store are
+    refused in one sentence."""
+    checked = refused = 0
+    for name, setup, quant in _setups(tmp_path):
+        c8 = setup.quant.kv_cache.dtype == "int8"
+        for framework in ("sglang", "vllm-ascend"):
+            fw = load_framework(framework)
+            out = launch(framework, setup.plan, setup.model, setup.quant, setup.system, LIMITS)
+            if out.refused:
+                refused += 1
+                assert c8 and "C8" in out.refused and out.refused.count(". ") == 0, (name, out.refused)
+                assert out.refused in out.script() and not out.commands
+                continue
+            assert not (c8 and framework == "sglang"), f"{name}: SGLang cannot store C8 caches"
+            caches = set()
+            argvs = iter(commands(out.script()))
+            for c in out.commands:
+                argv = next(argvs)
+                if c.worker_args:
+                    next(argvs)
+                if c.role == "router":
+                    continue
+                fl, env = dict(flags(argv)), environment(argv)
+                for flag, value in fl.items():
+                    assert fw.release.problem(flag, value) == "", (name, framework, flag, value)
+                for var in env:
+                    assert fw.env_problem(var) == "", (name, framework, var)
+                if framework == "sglang":
+                    problems = sglang_rule_problems(fl, env, c.ranks, setup)
+                else:
+                    problems = vllm_rule_problems(fl, env, c.ranks, c.role, setup)
+                    extra = json.loads(fl.get("--additional-config", "{}"))
+                    caches.add((extra.get("enable_sparse_sfa_c8", False), extra.get("enable_sparse_li_c8", False)))
+                assert not problems, (name, framework, c.role, problems)
+                checked += 1
+            if framework == "vllm-ascend":
+                assert caches == {(c8, c8)}, (name, caches)  # one cache format on every role, npusim's
+    assert checked > 60 and refused > 10, (checked, refused)
+
+
+def test_readme_128k_plan_on_vllm_keeps_heads_and_c8_on_both_sides(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text(README_PLANS["readme-128k"])
+    setup = api.load_setup("cloudmatrix384", "deepseek-v3.2-exp", str(path), "w8a8c8")
+    out = launch("vllm-ascend", setup.plan, setup.model, setup.quant, setup.system, LIMITS)
+    got = parsed(out)
+    assert len(got["prefill"]) == 4 * 2  # 2 instances x 2 servers of DSA-CP 128, a head and a worker block each
+    pre, dec = got["prefill"][0], got["decode"][0]
+    assert (pre["--tensor-parallel-size"], pre.get("--data-parallel-size")) == ("128", None)
+    assert any("servers of DSA-CP 128" in n and "not 256" in n for n in out.notes)
+    for fl in (pre, dec):
+        extra = json.loads(fl["--additional-config"])
+        assert extra["enable_sparse_sfa_c8"] and extra["enable_sparse_li_c8"]
+    assert json.loads(pre["--additional-config"])["enable_dsa_cp"] is True
+    sgl = launch("sglang", setup.plan, setup.model, setup.quant, setup.system, LIMITS)
+    assert sgl.refused and "BF16 caches" in sgl.script() and "--max-running-requests" not in sgl.script()
+
+
+def test_readme_128k_plan_on_sglang_speaks_its_current_cp():
+    setup = api.load_setup("cloudmatrix384", "deepseek-v3.2-exp", "v32-a3-sglang-pd-tp4", "w8a8")
+    script = launch("sglang", setup.plan, setup.model, setup.quant, setup.system, LIMITS).script()
+    assert "--enable-prefill-cp \\\n    --cp-strategy zigzag" in script
+    assert "dsa-prefill" not in script and "--enable-dp-attention" not in script and "--disable-cuda-graph" not in script
+    assert "SGLang 0.5.23" in script and "sglang-0.5.23.json" in script
+    out = launch("sglang", setup.plan, setup.model, setup.quant, setup.system, Limits(131072, 1024, 4))
+    got, env = parsed(out), {}
+    dec = got["decode"][0]
+    for argv in commands(out.script())[:2]:
+        env[dict(flags(argv))["--disaggregation-mode"]] = environment(argv)
+    # B's V3.2 decode: 4 requests per DP rank, 4 draft tokens, attention TP 4: 4 tokens per rank (B sets 8)
+    assert env["decode"]["SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"] == "4" and dec["--attn-dp-size"] == "8"
+    assert env["prefill"]["DEEP_NORMAL_MODE_USE_INT8_QUANT"] == "1" and env["prefill"]["HCCL_BUFFSIZE"] == "1536"
+    eager = api.load_setup("cloudmatrix384", "deepseek-v3.2-exp", "v32-a3-sglang-pd-tp4", "w8a8",
+                           {"plan.prefill.streams.graph_mode": "false"})
+    pre = parsed(launch("sglang", eager.plan, eager.model, eager.quant, eager.system, LIMITS))["prefill"][0]
+    assert pre["--cuda-graph-backend-decode"] == pre["--cuda-graph-backend-prefill"] == "disabled"
+
+
+def _extractor():
+    spec = importlib.util.spec_from_file_location("framework_flags", Path(__file__).parents[1] / "scripts"
+                                                  / "framework_flags.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class _Source:
+    """A package of source files for the extractor."""
+
+    def __init__(self, files):
+        self.files = {k: v.encode() for k, v in files.items()}
+
+    tree = _extractor().Package.tree
+    under = _extractor().Package.under
+
+
+def test_extractor_reads_flags_as_argparse_would_register_them():
+    ex = _extractor()
+    pkg = _Source({
+        "sglang/srt/arg_groups/choices.py": "MODES = ['a', 'b']\n",
+        "sglang/srt/arg_groups/fields/p.py":
+            "class P:\n"
+            "    tp_size: A[int, Arg(help='TP.', aliases=['--tensor-parallel-size'])] = 1\n"
+            "    mode: A[Optional[str], Arg(help='m', choices=MODES)] = None\n"
+            "    kind: A[Literal['x', 'y'], 'k'] = 'x'\n"
+            "    secret: A[int, Arg(help=argparse.SUPPRESS)] = 0\n"
+            "    internal: A[bool, Arg(no_cli=True)] = False\n"
+            "    on: A[Optional[bool], Arg(help='o', action=argparse.BooleanOptionalAction)] = None\n",
+        "sglang/srt/server_args.py":
+            "class ServerArgs:\n"
+            "    def add_cli_args(parser):\n"
+            "        parser.add_argument('--old', action=DeprecatedStoreTrueAction, help='Deprecated. Use --new.')\n",
+    })
+    flags_ = ex.sglang(pkg)["flags"]
+    assert flags_["--tp-size"]["names"] == ["--tp-size", "--tensor-parallel-size"] and flags_["--tp-size"]["type"] == "int"
+    assert flags_["--mode"]["choices"] == ["a", "b"] and flags_["--kind"]["choices"] == ["x", "y"]
+    assert flags_["--secret"]["hidden"] and flags_["--old"]["deprecated"] and "--internal" not in flags_
+    assert flags_["--on"]["names"] == ["--on", "--no-on"] and flags_["--on"]["type"] == "bool"
+    keys = ex.vllm_ascend(_Source({
+        "vllm_ascend/ascend_config.py": "def f(additional_config):\n    g = additional_config.get('fine', {})\n"
+                                        "    a = additional_config.get('top', 1)\n    b = g.get('inner', 0)\n",
+        "vllm_ascend/utils.py": "def h(additional_config):\n    return 'flag' in additional_config\n"}))
+    assert keys["additional_config"] == ["fine", "fine.inner", "flag", "top"]
+
+
+def test_extracted_flag_sets_name_their_package():
+    root = Path(__file__).parents[1] / "workloads" / "frameworks" / "flags"
+    for name, version in (("sglang", "0.5.23"), ("vllm", "0.23.0"), ("vllm-ascend", "0.23.0.post1")):
+        data = json.loads((root / f"{name}-{version}.json").read_text())
+        assert data["version"] == version and data["package"].replace("_", "-").startswith(f"{name}-{version}")
+        assert len(data["sha256"]) == 64 and data["sources"] and data["env"]
+    sgl = json.loads((root / "sglang-0.5.23.json").read_text())["flags"]
+    assert sgl["--attn-cp-size"]["names"] == ["--attn-cp-size", "--attention-context-parallel-size"]
+    assert sgl["--enable-dp-attention"]["deprecated"] and "--enable-dsa-prefill-context-parallel" not in sgl

@@ -2,14 +2,18 @@
 
 A plan's instance roles become server commands: one per role of a disaggregated plan (prefill, decode; each copy of
 a role its own server), one for a co-located plan. The degrees map onto each framework's documented flags
-(`workloads/frameworks/*.yaml`, which cite the documentation and its commit); every flag written is checked against
-that table. What a framework has no flag for — an o_proj split SGLang does not have, prefill context parallelism on a
-model vLLM-Ascend cannot split, a quantisation neither documents on Ascend — is not approximated: it is listed in
-the output as not expressible, and the command runs the framework's own default for it.
+(`workloads/frameworks/*.yaml`, which cite the documentation and its commit), and every flag, value and environment
+variable written is checked against the flag set of the release the table names (SGLang 0.5.23, vLLM 0.23.0 with
+vLLM-Ascend 0.23.0.post1, extracted from the packages by scripts/framework_flags.py). What a framework has no flag
+for — an o_proj split SGLang does not have, prefill context parallelism on a model vLLM-Ascend cannot split — is not
+approximated: it is listed in the output as not expressible, and the command runs the framework's own default for
+it. Where the difference would change what npusim sized (a cache format the framework cannot store: C8 caches in
+SGLang), nothing is emitted and the script says why in one sentence.
 
-Limits: the commands carry what the plan decides (parallelism, MTP, graph mode, EPLB replicas, quantisation) and
-the serving limits given (running requests, token budget, context length); memory fractions, graph batch sizes,
-environment variables (HCCL_BUFFSIZE, ...) and addresses are left to the operator, addresses as shell variables.
+Limits: the commands carry what the plan decides (parallelism, MTP, graph mode, EPLB replicas, quantisation and
+cache format), the serving limits given (running requests, token budget, context length) and the environment of the
+frameworks' Ascend deployments (the tables' `env`); memory fractions, graph batch sizes and addresses are left to
+the operator, addresses as shell variables.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import math
 import shlex
 from dataclasses import dataclass, field
 
+from npusim.errors import NpusimError
 from npusim.spec.framework import Framework, load_framework
 from npusim.spec.model import ModelConfig
 from npusim.spec.plan import Instance, Plan
@@ -101,13 +106,22 @@ class Launch:
     quant: str
     commands: tuple[Command, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)  # what the framework cannot express
+    refused: str = ""  # why nothing is emitted: the framework would run something npusim did not size
 
     def script(self) -> str:
         f = self.framework
         lines = ["#!/bin/bash",
                  f"# {f.title} launch commands written by npusim for plan {self.plan}: {self.model} on {self.system}, "
                  f"{self.quant}.",
-                 f"# Flags as documented by {f.version}:"] + [f"#   {d}" for d in f.docs]
+                 f"# Framework version: {f.version}."]
+        if f.release:
+            lines.append(f"# Flags, values and environment checked against {f.release.title} "
+                         f"(workloads/frameworks/flags/{', '.join(f.release.files)}); documented by:")
+        lines += [f"#   {d}" for d in f.docs]
+        if self.refused:
+            lines.append(f"# Not emitted: {self.refused}")
+            lines += [f"# Nor expressible in {f.title}: {n}" for n in self.notes]
+            return "\n".join(lines) + "\n"
         lines += ["# Set MODEL_PATH (a checkpoint in the quantisation above) and the node addresses (PREFILL0_IP, ...);",
                   "# run each block on its nodes with NODE_RANK set (0 = the head node of that server)."]
         if self.notes:
@@ -128,7 +142,8 @@ class Launch:
 
     def as_dict(self) -> dict:
         return {"framework": self.framework.name, "version": self.framework.version, "docs": list(self.framework.docs),
-                "plan": self.plan, "not_expressible": list(self.notes),
+                "release": self.framework.release.title if self.framework.release else "",
+                "plan": self.plan, "not_expressible": list(self.notes), "refused": self.refused,
                 "commands": [{"role": c.role, "copy": c.copy, "ranks": c.ranks, "nodes": c.nodes, "program": c.program,
                               "args": [[k, v] for k, v in c.args], "worker_args": [[k, v] for k, v in c.worker_args],
                               "env": dict(c.env)} for c in self.commands]}
@@ -146,10 +161,17 @@ class _Context:
     system: System
     limits: Limits
     notes: list[str] = field(default_factory=list)
+    shapes: dict[str, tuple[int, int]] = field(default_factory=dict)  # role -> (DP, TP) as emitted
+    split: dict[str, int] = field(default_factory=dict)  # role -> servers one instance runs as (vLLM DSA-CP)
 
     def note(self, text: str) -> None:
         if text not in self.notes:
             self.notes.append(text)
+
+    @property
+    def c8(self) -> bool:
+        """The plan's caches are INT8 (Ascend C8: latent KV and indexer), as npusim sized and timed them."""
+        return self.quant.kv_cache.dtype == "int8" or self.quant.indexer_cache.dtype == "int8"
 
     def roles(self) -> list[tuple[str, Instance]]:
         """Server roles: prefill and decode (disaggregated), one mixed server (co-located), or the decode servers of
@@ -175,6 +197,21 @@ class _Context:
         depth = self.plan.mtp.depth
         return min(depth, 1) if role == "prefill" else depth
 
+    def env(self, fw: Framework, role: str, extra: dict[str, str] | None = None) -> tuple[tuple[str, str], ...]:
+        """The environment of the role's server: the framework's published Ascend environment (all roles, then the
+        role's own), then what the plan sets; each name checked against the release and the runtime."""
+        table = fw.env or {}
+        env = {**table.get("all", {}), **table.get(role, {}), **(extra or {})}
+        for name in env:
+            problem = fw.env_problem(name)
+            if problem:
+                raise NpusimError(problem, file=fw.name)
+        return tuple(env.items())
+
+
+class Refused(Exception):
+    """The framework cannot run the plan as npusim sized it; the message says what differs."""
+
 
 # ------------------------------------------------------------------------------------------------------ SGLang
 
@@ -185,14 +222,13 @@ def _sglang_role(ctx: _Context, role: str, inst: Instance) -> Args:
     if inst.pp > 1:
         args.append(("--pp-size", str(inst.pp)))
     if a.dp > 1:
-        args += [("--dp-size", str(a.dp)), ("--enable-dp-attention", None)]
+        args.append(("--attn-dp-size", str(a.dp)))
     if a.cp > 1:
         if role == "decode" or not cfg.has_indexer or cfg.is_v4:
             ctx.note(f"{role}.attention.cp {a.cp}: SGLang's attention context parallelism is the DeepSeek V3.2 "
                      "(DSA) prefill's; this role runs without it")
-        else:
-            args += [("--attn-cp-size", str(a.cp)), ("--enable-dsa-prefill-context-parallel", None),
-                     ("--dsa-prefill-cp-mode", "in-seq-split")]
+        else:  # zigzag: the former in-seq-split, the split B's V3.2 deployment runs
+            args += [("--attn-cp-size", str(a.cp)), ("--enable-prefill-cp", None), ("--cp-strategy", "zigzag")]
     attn_tp = a.tp
     if inst.o_proj_group != attn_tp:
         ctx.note(f"{role}.o_proj_tp {inst.o_proj_tp}: SGLang splits o_proj over the attention TP group "
@@ -228,14 +264,32 @@ def _sglang_role(ctx: _Context, role: str, inst: Instance) -> Args:
         args += [("--speculative-algorithm", "NEXTN"), ("--speculative-num-steps", str(drafts)),
                  ("--speculative-eagle-topk", "1"), ("--speculative-num-draft-tokens", str(drafts + 1))]
     if not ctx.streams(role).graph_mode:
-        args.append(("--disable-cuda-graph", None))
+        args += [("--cuda-graph-backend-decode", "disabled"), ("--cuda-graph-backend-prefill", "disabled")]
     lim = ctx.limits
     running = lim.prefill_requests if role == "prefill" else lim.max_batch * a.dp
     args += [("--max-running-requests", str(running)), ("--max-prefill-tokens", str(lim.prefill_tokens)),
-             ("--chunked-prefill-size", str(pl.prefill_chunk or -1)), ("--context-length", str(lim.context_length))]
+             ("--chunked-prefill-size", str(pl.prefill_chunk or -1)), ("--context-length", str(lim.context_length)),
+             ("--disable-radix-cache", None)]
     if pl.eplb.redundant_experts:
         args.append(("--ep-num-redundant-experts", str(pl.eplb.redundant_experts)))
     return args
+
+
+def _sglang_env(ctx: _Context, role: str, inst: Instance, args: Args) -> dict[str, str]:
+    """What the plan sets in SGLang's environment. DeepEP's low-latency dispatch buffer holds
+    SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK tokens per rank: the tokens of one decode step of an attention-DP
+    group (running requests x (1 + draft tokens)) over its attention-TP ranks, which scatter them. The Ascend
+    best-practice deployments set exactly that (R1 decode DP32 832 requests, 3 tokens: 78; DP16 384, 4: 96; mixed
+    DP16 256, 4: 64; mixed DP4 x TP4 144, 4: 36) or more (V3.2 DP8 x TP4 32, 4: 4, set 8). The bulk (normal)
+    dispatch of an INT8 checkpoint's prefill quantises to INT8 (DEEP_NORMAL_MODE_USE_INT8_QUANT, as B sets it)."""
+    flags, env = dict(args), {}
+    if flags.get("--deepep-mode") in ("low_latency", "auto"):
+        a = inst.attention
+        tokens = ctx.limits.max_batch * (1 + ctx.drafts(role))
+        env["SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"] = str(math.ceil(tokens / (a.tp * a.cp)))
+    if role in ("prefill", "mixed") and "--deepep-mode" in flags and ctx.quant.routed_experts.dtype == "int8":
+        env["DEEP_NORMAL_MODE_USE_INT8_QUANT"] = "1"
+    return env
 
 
 def _sglang(ctx: _Context, fw: Framework) -> list[Command]:
@@ -243,6 +297,7 @@ def _sglang(ctx: _Context, fw: Framework) -> list[Command]:
     common = _quant_sglang(ctx)
     for role, inst in ctx.roles():
         base = _sglang_role(ctx, role, inst) + common
+        env = ctx.env(fw, role, _sglang_env(ctx, role, inst, base))
         nodes = ctx.nodes(inst)
         for i in range(inst.instances):
             host = f"${role.upper()}{i}_IP"
@@ -257,7 +312,7 @@ def _sglang(ctx: _Context, fw: Framework) -> list[Command]:
             elif inst.ranks < ctx.system.ranks_per_node and (i * inst.ranks) % ctx.system.ranks_per_node:
                 args.append(("--base-gpu-id", str((i * inst.ranks) % ctx.system.ranks_per_node)))
             fw.check(args)
-            out.append(Command(role, i, inst.ranks, nodes, fw.launcher, tuple(args)))
+            out.append(Command(role, i, inst.ranks, nodes, fw.launcher, tuple(args), env=env))
     if pl.disaggregated:
         args: Args = [("--pd-disaggregation", None)]
         args += [("--prefill", f'"http://$PREFILL{i}_IP:{SGLANG_PORTS["prefill"]}" {SGLANG_BOOTSTRAP + i}')
@@ -271,12 +326,13 @@ def _sglang(ctx: _Context, fw: Framework) -> list[Command]:
 
 def _quant_sglang(ctx: _Context) -> Args:
     q = ctx.quant.name
+    if ctx.c8:
+        raise Refused(f"quant {q} holds the KV and indexer caches in INT8 (C8), which SGLang 0.5.23 cannot store on "
+                      "Ascend (--kv-cache-dtype takes auto, BF16, FP8 and FP4 formats only), so its servers would hold "
+                      "BF16 caches twice as large as npusim sized; plan with --quant w8a8 (or w4a8) for SGLang")
     if q == "bf16":
         return [("--dtype", "bfloat16")]
-    if q in ("w8a8", "w8a8-modelslim", "w4a8", "w8a8c8", "w4a8c8"):
-        if q.endswith("c8"):
-            ctx.note(f"quant {q}: SGLang documents no INT8 KV / indexer cache on Ascend (--kv-cache-dtype has FP8 "
-                     "and FP4 only); the caches stay BF16")
+    if q in ("w8a8", "w8a8-modelslim", "w4a8"):
         return [("--quantization", "modelslim"), ("--dtype", "bfloat16")]
     ctx.note(f"quant {q}: SGLang documents no {q} checkpoint on Ascend (modelslim W8A8 / W4A8 only)")
     return []
@@ -294,8 +350,14 @@ def _vllm_role(ctx: _Context, role: str, inst: Instance) -> tuple[Args, dict]:
                      "inside the TP group, not the plan's split; run as TP")
             tp *= a.cp
         elif cfg.has_indexer and a.tp == 1:
-            tp = a.cp  # DSA-CP: the sequence is split over the TP group
+            tp = _dsa_cp_group(cfg.num_attention_heads, a.cp)  # DSA-CP: the sequence is split over the TP group
             extra["enable_dsa_cp"] = True
+            if tp != a.cp:
+                ctx.split[role] = a.cp // tp
+                ctx.note(f"{role}.attention.cp {a.cp}: vLLM's TP group, which DSA-CP splits the sequence over, must "
+                         f"divide the {cfg.num_attention_heads} attention heads; each {inst.ranks}-rank {role} "
+                         f"instance runs as {a.cp // tp} servers of DSA-CP {tp}, so a prompt is split over {tp} "
+                         f"ranks, not {a.cp}, and its prefill takes longer than npusim predicted")
         else:
             ctx.note(f"{role}.attention.cp {a.cp}: vLLM-Ascend supports no prefill context parallelism here "
                      "(DSA-CP needs a DSA model with attention TP 1); run as TP")
@@ -336,12 +398,12 @@ def _vllm_role(ctx: _Context, role: str, inst: Instance) -> tuple[Args, dict]:
     if inst.microbatches == 2 or ctx.streams(role).two_microbatch:
         ctx.note("two-microbatch overlap: vLLM-Ascend documents no switch for it")
     q = ctx.quant.name
-    if q.endswith("c8"):
-        if cfg.has_indexer and not extra.get("enable_dsa_cp"):
-            extra.update(enable_sparse_sfa_c8=True, enable_sparse_li_c8=True)
-        else:
-            ctx.note(f"quant {q} on the {role} role: vLLM-Ascend's C8 caches are for DSA models without SFA prefill "
-                     "context parallelism; the caches stay BF16")
+    if ctx.c8:
+        if not cfg.has_indexer:
+            raise Refused(f"quant {q} holds the KV cache in INT8 (C8); vLLM-Ascend 0.23.0.post1 reads C8 caches only "
+                          "for sparse-attention (DSA) models (enable_sparse_sfa_c8 / enable_sparse_li_c8), so "
+                          f"{cfg.name}'s servers would hold BF16 caches twice as large as npusim sized")
+        extra.update(enable_sparse_sfa_c8=True, enable_sparse_li_c8=True)  # the same cache format on every role
     drafts = ctx.drafts(role)
     if drafts:
         args.append(("--speculative-config", _json({"num_speculative_tokens": drafts, "method": "deepseek_mtp"})))
@@ -357,10 +419,12 @@ def _vllm_role(ctx: _Context, role: str, inst: Instance) -> tuple[Args, dict]:
         tokens = lim.max_batch * (1 + drafts) if role == "decode" else max(lim.prefill_tokens, lim.max_batch)
     args += [("--max-num-seqs", str(seqs)), ("--max-num-batched-tokens", str(tokens)),
              ("--max-model-len", str(lim.context_length))]
+    ctx.shapes[role] = (dp, tp)
     if q in ("w8a8", "w8a8-modelslim", "w4a8", "w8a8c8", "w4a8c8"):
         args.append(("--quantization", "ascend"))
     elif q != "bf16":
         ctx.note(f"quant {q}: vLLM-Ascend documents no {q} checkpoint (msModelSlim W8A8 / W4A8: --quantization ascend)")
+    args.append(("--no-enable-prefix-caching", None))  # as T's commands run: the plan models no prefix reuse
     if pl.eplb.redundant_experts:
         args += [("--enable-eplb", None),
                  ("--eplb-config", _json({"num_redundant_experts": pl.eplb.redundant_experts, "use_async": False}))]
@@ -370,21 +434,21 @@ def _vllm_role(ctx: _Context, role: str, inst: Instance) -> tuple[Args, dict]:
 def _vllm(ctx: _Context, fw: Framework) -> list[Command]:
     pl, out = ctx.plan, []
     per_node = ctx.system.ranks_per_node
-    sizes = {r: i for r, i in ctx.roles()}
-    for role, inst in ctx.roles():
-        args, extra = _vllm_role(ctx, role, inst)
+    roles = [(role, inst, *_vllm_role(ctx, role, inst)) for role, inst in ctx.roles()]
+    for role, inst, args, extra in roles:
         if role in ("prefill", "decode"):
-            shape = {r: {"dp_size": x.attention.dp, "tp_size": x.ranks // x.attention.dp} for r, x in sizes.items()}
+            shape = {r: {"dp_size": dp, "tp_size": tp} for r, (dp, tp) in ctx.shapes.items()}
             args.append(("--kv-transfer-config", _json({
                 "kv_connector": "MooncakeConnectorV1", "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
                 "kv_port": VLLM_KV_PORTS[role], "kv_connector_extra_config": shape})))
         if extra:
             args.append(("--additional-config", _json(extra)))
-        engine = dict(args).get("--tensor-parallel-size")
-        engine_ranks = int(engine) * inst.pp
-        dp = inst.attention.dp
-        nodes = ctx.nodes(inst)
-        for i in range(inst.instances):
+        dp, engine = ctx.shapes[role]
+        engine_ranks = engine * inst.pp
+        split = ctx.split.get(role, 1)
+        ranks = inst.ranks // split
+        nodes = math.ceil(ranks / per_node)
+        for i in range(inst.instances * split):
             host = f"${role.upper()}{i}_IP"
             head: Args = args + [("--host", f'"{host}"'), ("--port", str(VLLM_PORTS[role]))]
             workers: Args = []
@@ -403,11 +467,12 @@ def _vllm(ctx: _Context, fw: Framework) -> list[Command]:
                 ctx.note(f"{role}: {dp} DP engines of {engine_ranks} ranks each span nodes; vLLM-Ascend's "
                          "multi-node DP keeps an engine inside a node (Ray is its route for this)")
             fw.check(head + workers)
-            env = ()
-            if inst.ranks < per_node and inst.instances > 1:
-                first = (i * inst.ranks) % per_node
-                env = (("ASCEND_RT_VISIBLE_DEVICES", ",".join(str(first + k) for k in range(inst.ranks))),)
-            out.append(Command(role, i, inst.ranks, nodes, fw.launcher, tuple(head), tuple(workers), env))
+            devices = {}
+            if ranks < per_node and inst.instances * split > 1:
+                first = (i * ranks) % per_node
+                devices = {"ASCEND_RT_VISIBLE_DEVICES": ",".join(str(first + k) for k in range(ranks))}
+            env = ctx.env(fw, role, devices)
+            out.append(Command(role, i, ranks, nodes, fw.launcher, tuple(head), tuple(workers), env))
     if pl.disaggregated:
         ctx.note("PD proxy: run vLLM-Ascend's examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py "
                  "with the prefill and decode hosts and ports above (it has no documented fixed flags)")
@@ -427,5 +492,14 @@ def launch(framework: str, plan: Plan, model: ModelConfig, quant: QuantScheme, s
             ctx.note(f"{role}.ffn_ranks {inst.ffn_ranks}: {fw.title} has no attention-FFN disaggregation (experts on "
                      f"dies of their own); the command runs attention and experts co-located on the {inst.ranks} "
                      "attention ranks")
-    commands = EMITTERS[fw.name](ctx, fw)
+    try:
+        commands = EMITTERS[fw.name](ctx, fw)
+    except Refused as why:
+        return Launch(fw, plan.name, model.name, system.name, quant.name, (), tuple(ctx.notes), str(why))
     return Launch(fw, plan.name, model.name, system.name, quant.name, tuple(commands), tuple(ctx.notes))
+
+
+def _dsa_cp_group(heads: int, cp: int) -> int:
+    """The largest DSA-CP group vLLM can run inside a split of `cp` ranks: a TP size dividing both the attention
+    heads (vLLM's ModelConfig refuses any other) and `cp` (the rest become DP engines)."""
+    return max(g for g in range(1, cp + 1) if heads % g == 0 and cp % g == 0)

@@ -1,7 +1,12 @@
 """Serving frameworks as launch targets: the documented flags of vLLM-Ascend and SGLang on Ascend that npusim may
-emit, with the documentation (file and commit) each was read from. A flag table is data
-(`workloads/frameworks/<name>.yaml`); the emitter (`npusim.results.launch`) writes only flags listed here, with
-values of the listed type, so what it prints can be checked against what the framework documents.
+emit, with the documentation (file and commit) each was read from, checked against the flag set of a named release.
+
+A flag table is data (`workloads/frameworks/<name>.yaml`); the emitter (`npusim.results.launch`) writes only flags
+listed there, with values of the listed type. Each table names the release it is checked against
+(`release.flags`: a file of `workloads/frameworks/flags/`, extracted from the released package's own argument
+definitions by scripts/framework_flags.py): a flag that release does not have, hides (argparse.SUPPRESS) or
+deprecates is refused, as is a value outside its choices, an --additional-config key it does not read, and an
+environment variable neither it nor the Ascend runtime (the table's `runtime_env`) reads.
 """
 
 from __future__ import annotations
@@ -56,6 +61,34 @@ def json_keys(tree: dict, prefix: str = "") -> list[str]:
 
 
 @dataclass(frozen=True)
+class Release:
+    """The flag set of one released package, as scripts/framework_flags.py extracted it: every flag by each of its
+    names (aliases included), the --additional-config keys (dotted) and the environment variables it reads."""
+
+    title: str  # e.g. "SGLang 0.5.23"
+    files: tuple[str, ...]  # the extracted files, with the package and sha256 each names
+    flags: dict[str, dict]
+    config_keys: frozenset[str] = frozenset()
+    env: frozenset[str] = frozenset()
+
+    def problem(self, name: str, value: str | None) -> str:
+        """Why the release would refuse `name value` ('' when it accepts it)."""
+        rec = self.flags.get(name)
+        if rec is None:
+            return f"{name} is not a flag of {self.title}"
+        if rec["hidden"] or rec["deprecated"]:
+            return f"{name} is {'hidden' if rec['hidden'] else 'deprecated'} in {self.title}"
+        if rec["choices"] and value is not None and value not in rec["choices"]:
+            return f"{name} takes one of {', '.join(rec['choices'])} in {self.title}, got {value}"
+        if name == "--additional-config" and value is not None and self.config_keys:
+            unknown = sorted(k for k in json_keys(json.loads(value)) if k not in self.config_keys
+                             and k.split(".")[0] not in self.config_keys)
+            if unknown:
+                return f"{name} keys {', '.join(unknown)} are not read by {self.title}"
+        return ""
+
+
+@dataclass(frozen=True)
 class Framework:
     name: str
     title: str
@@ -65,16 +98,26 @@ class Framework:
     flags: dict[str, Flag]
     router: str = ""
     router_flags: dict[str, Flag] | None = None
+    release: Release | None = None
+    runtime_env: tuple[str, ...] = ()  # prefixes / names the Ascend runtime reads (CANN, torch_npu), not the framework
+    env: dict[str, dict[str, str]] | None = None  # role (all, prefill, decode, mixed) -> published environment
 
     def check(self, flags: list[tuple[str, str | None]], router: bool = False) -> None:
-        """Refuse a flag or a value the documentation does not have: the emitter's own guard."""
+        """Refuse a flag or a value the documentation or the release does not have: the emitter's own guard."""
         table = self.router_flags if router else self.flags
         for name, value in flags:
             if name not in table:
                 raise NpusimError(f"{name} is not in the documented flag table", file=self.name)
-            problem = table[name].problem(value)
+            problem = table[name].problem(value) or (self.release.problem(name, value)
+                                                     if self.release and not router else "")
             if problem:
                 raise NpusimError(problem, file=self.name)
+
+    def env_problem(self, name: str) -> str:
+        """Why `name` is an environment variable nobody reads ('' when the release or the runtime reads it)."""
+        if self.release is None or name in self.release.env or any(name.startswith(p) for p in self.runtime_env):
+            return ""
+        return f"environment variable {name} is read neither by {self.release.title} nor by the Ascend runtime"
 
 
 def _flags(raw: dict, where: str, field: str) -> dict[str, Flag]:
@@ -102,4 +145,24 @@ def load_framework(name: str) -> Framework:
             raise NpusimError("is missing", file=where, field=key)
     return Framework(raw["name"], raw["title"], raw["version"], tuple(raw["docs"]), raw["launcher"],
                      _flags(raw["flags"], where, "flags"), raw.get("router", ""),
-                     _flags(raw.get("router_flags"), where, "router_flags"))
+                     _flags(raw.get("router_flags"), where, "router_flags"), _release(raw.get("release"), where),
+                     tuple(raw.get("runtime_env", ())),
+                     {role: {k: str(v) for k, v in env.items()} for role, env in (raw.get("env") or {}).items()})
+
+
+def _release(raw: dict | None, where: str) -> Release | None:
+    """The release a table is checked against: its `flags` file (and an `additional_config` file of keys)."""
+    if not raw:
+        return None
+    root = data_root() / "workloads" / "frameworks" / "flags"
+    files = [raw["flags"]] + ([raw["additional_config"]] if raw.get("additional_config") else [])
+    trees = []
+    for name in files:
+        path = root / name
+        if not path.exists():
+            raise NpusimError(f"names {name}, which is not in {display_path(root)}", file=where, field="release")
+        trees.append(json.loads(path.read_text()))
+    flags = {alias: rec for rec in trees[0]["flags"].values() for alias in rec["names"]}
+    keys = frozenset(k for t in trees[1:] for k in t.get("additional_config", ()))
+    env = frozenset(e for t in trees for e in t.get("env", ()))
+    return Release(raw["title"], tuple(files), flags, keys, env)
