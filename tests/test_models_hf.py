@@ -31,7 +31,7 @@ def models():
 
 def test_every_shipped_config_is_listed_with_its_source(models):
     sources = (HF / "SOURCES.md").read_text()
-    assert len(models) == 7
+    assert len(models) == 9
     for name in models:
         assert f"| {name} |" in sources
 
@@ -39,7 +39,7 @@ def test_every_shipped_config_is_listed_with_its_source(models):
 @pytest.mark.parametrize("name, family", [
     ("DeepSeek-R1", "deepseek_v3"), ("Kimi-K2-Instruct", "deepseek_v3"), ("DeepSeek-V3.2", "deepseek_v32"),
     ("GLM-5", "deepseek_v32"), ("DeepSeek-V4-Flash", "deepseek_v4"), ("Qwen3-235B-A22B", "gqa_moe"),
-    ("GLM-4.5", "gqa_moe"),
+    ("GLM-4.5", "gqa_moe"), ("Qwen3-30B-A3B", "gqa_moe"), ("Qwen3-Coder-480B-A35B", "gqa_moe"),
 ])
 def test_architecture_decides_the_family(models, name, family):
     assert models[name].model_type == family
@@ -56,6 +56,8 @@ def test_architecture_decides_the_family(models, name, family):
     ("GLM-5", (744e9, 1e9), False, (40e9, 1e9), "layers"),
     ("Qwen3-235B-A22B", (235e9, 1e9), False, (22e9, 1e9), "with_embedding"),
     ("GLM-4.5", (355e9, 1e9), False, (32e9, 1e9), "layers"),
+    ("Qwen3-30B-A3B", (30.5e9, 0.1e9), False, (3.3e9, 0.11e9), "with_embedding"),  # 3.35B read as the card's 3.3B
+    ("Qwen3-Coder-480B-A35B", (480e9, 1e9), False, (35e9, 1e9), "with_embedding"),
 ])
 def test_parameters_match_the_published_totals(models, name, total, with_mtp, activated, convention):
     p = parameters(models[name])
@@ -81,6 +83,8 @@ def test_kimi_routed_experts_dominate_as_the_config_says(models):
     ("GLM-5", 78 * (1152 + 256)),  # same latent row, 78 layers
     ("Qwen3-235B-A22B", 94 * 2 * 4 * 128 * 2),  # K and V of 4 KV heads of 128
     ("GLM-4.5", 92 * 2 * 8 * 128 * 2),
+    ("Qwen3-30B-A3B", 48 * 2 * 4 * 128 * 2),
+    ("Qwen3-Coder-480B-A35B", 62 * 2 * 8 * 128 * 2),
 ])
 def test_kv_bytes_per_token(models, name, per_token):
     assert cache_footprint(models[name], get_quant("bf16")).bytes_per_token == per_token

@@ -203,7 +203,12 @@ ARCHITECTURES: dict[str, Architecture] = {
         "gqa_moe", GQA_FIELDS + ("intermediate_size",), renamed={"num_experts": "n_routed_experts"},
         ignored=frozenset({"sliding_window"}),  # the window of sliding-window layers, refused by use_sliding_window
         fixed={"hidden_act": SILU, "tie_word_embeddings": UNTIED, "decoder_sparse_step": MOE_EVERY_LAYER,
-               "attention_bias": (False, "q/k/v biases are not modelled for qwen3_moe")},
+               "attention_bias": (False, "q/k/v biases are not modelled for qwen3_moe"),
+               # Qwen3-Coder's config spells these out (qkv_bias, use_qk_norm, shared_expert_intermediate_size);
+               # Qwen3MoeAttention always normalises q and k, and Qwen3-MoE has no shared expert
+               "qkv_bias": (False, "q/k/v biases are not modelled for qwen3_moe"),
+               "use_qk_norm": (True, "Qwen3MoeAttention always has q_norm and k_norm"),
+               "shared_expert_intermediate_size": (0, "qwen3_moe has no shared expert (Qwen2-MoE's is not mapped)")},
         derive=_qwen3, derived_from=GQA_DERIVED | {"mlp_only_layers", "use_sliding_window"},
         defaults={"scoring_func": "softmax", "routed_scaling_factor": 1.0}),
     "glm4_moe": Architecture(
