@@ -1,6 +1,6 @@
 """Extract the serving frameworks' launch flags from their released packages into workloads/frameworks/flags/.
 
-    pip download --no-deps sglang==0.5.23 vllm==0.23.0 -d /tmp/wheels
+    pip download --no-deps sglang==0.5.23 vllm==0.23.0 sglang-router==0.3.2 -d /tmp/wheels
     pip download --no-deps vllm-ascend==0.23.0.post1 -d /tmp/wheels    # an sdist; its tarball is enough
     python scripts/framework_flags.py /tmp/wheels
 
@@ -8,7 +8,8 @@ Each package's argument definitions are read from its source by parsing it (ast)
 packages import torch and CUDA/NPU runtimes at import time): SGLang's server_args.py and the dataclass fields of
 sglang/srt/arg_groups/fields/*.py it registers, vLLM's vllm/engine/arg_utils.py (EngineArgs.add_cli_args and the
 config dataclasses of vllm/config/ its kwargs come from), vLLM-Ascend's additional_config keys
-(vllm_ascend/ascend_config.py and the `"key" in additional_config` tests of vllm_ascend/utils.py). Each flag records
+(vllm_ascend/ascend_config.py and the `"key" in additional_config` tests of vllm_ascend/utils.py), and the PD router's
+sglang_router/router_args.py. Each flag records
 its type, choices (where the source states them as literals), whether it is hidden (help=argparse.SUPPRESS) or
 deprecated (a Deprecated* argparse action, `deprecated=True`, or help text starting "Deprecated"). The output names
 the package file (and its sha256) and the source paths read.
@@ -137,7 +138,8 @@ def _flag(names: list[str], type_: str, choices, help_node, action: str = "", de
 
 def _add_argument_flag(call: ast.Call, names: dict, fallback_type: tuple[str, list | None] = ("str", None)) -> dict:
     """One parser.add_argument(...) call as a flag record."""
-    opts = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    opts = [_help_text(a) for a in call.args if isinstance(a, (ast.Constant, ast.JoinedStr))]
+    opts = [o for o in opts if isinstance(o, str) and o]  # f"--{prefix}name": the unprefixed name
     kw = {k.arg: k.value for k in call.keywords if k.arg}
     action = _help_text(kw.get("action")) or _name(kw.get("action")) if "action" in kw else ""
     choices = literal(kw["choices"], names) if "choices" in kw else fallback_type[1]
@@ -310,6 +312,23 @@ def _get_key(node: ast.AST, owner: str) -> str:
     return ""
 
 
+# ------------------------------------------------------------------------------------------------ sglang-router
+
+def sglang_router(pkg: Package) -> dict:
+    """The PD router's flags (`python -m sglang_router.launch_router`): the add_argument calls of
+    RouterArgs.add_cli_args in sglang_router/router_args.py, unprefixed (use_router_prefix False, as launch_router
+    registers them)."""
+    src = "sglang_router/router_args.py"
+    tree = pkg.tree(src)
+    names, flags = constants(tree), {}
+    for call in ast.walk(tree):
+        if isinstance(call, ast.Call) and _name(call.func) == "add_argument":
+            record = _add_argument_flag(call, names)
+            if record["names"] and record["names"][0].startswith("--"):
+                flags[record["names"][0]] = record
+    return {"flags": flags, "sources": [src]}
+
+
 # ---------------------------------------------------------------------------------------------- environment
 
 ENV_FILES = {"sglang": "sglang/srt/environ.py", "vllm": "vllm/envs.py", "vllm_ascend": "vllm_ascend/envs.py"}
@@ -333,7 +352,7 @@ def env_names(pkg: Package, path: str) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------------------- main
 
-EXTRACT = {"sglang": sglang, "vllm": vllm, "vllm_ascend": vllm_ascend}
+EXTRACT = {"sglang": sglang, "vllm": vllm, "vllm_ascend": vllm_ascend, "sglang_router": sglang_router}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -348,8 +367,9 @@ def main(argv: list[str] | None = None) -> None:
         name, version = stem[0], stem[1].removesuffix(".tar.gz")
         pkg = Package(path)
         data = EXTRACT[name](pkg)
-        data["env"] = env_names(pkg, ENV_FILES[name])
-        data["sources"].append(ENV_FILES[name])
+        if name in ENV_FILES:
+            data["env"] = env_names(pkg, ENV_FILES[name])
+            data["sources"].append(ENV_FILES[name])
         out = {"framework": name.replace("_", "-"), "version": version, "package": path.name,
                "sha256": pkg.sha256, "extracted_by": "scripts/framework_flags.py", **data}
         target = OUT / f"{out['framework']}-{version}.json"

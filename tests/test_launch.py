@@ -371,9 +371,10 @@ def test_every_emitted_command_passes_the_release(tmp_path):
                 argv = next(argvs)
                 if c.worker_args:
                     next(argvs)
-                if c.role == "router":
-                    continue
                 fl, env = dict(flags(argv)), environment(argv)
+                if c.role == "router":
+                    assert all(fw.router_release.problem(k, v) == "" for k, v in fl.items()), (name, fl)
+                    continue
                 for flag, value in fl.items():
                     assert fw.release.problem(flag, value) == "", (name, framework, flag, value)
                 for var in env:
@@ -478,10 +479,11 @@ def test_extractor_reads_flags_as_argparse_would_register_them():
 
 def test_extracted_flag_sets_name_their_package():
     root = Path(__file__).parents[1] / "workloads" / "frameworks" / "flags"
-    for name, version in (("sglang", "0.5.23"), ("vllm", "0.23.0"), ("vllm-ascend", "0.23.0.post1")):
+    for name, version in (("sglang", "0.5.23"), ("vllm", "0.23.0"), ("vllm-ascend", "0.23.0.post1"),
+                          ("sglang-router", "0.3.2")):
         data = json.loads((root / f"{name}-{version}.json").read_text())
         assert data["version"] == version and data["package"].replace("_", "-").startswith(f"{name}-{version}")
-        assert len(data["sha256"]) == 64 and data["sources"] and data["env"]
+        assert len(data["sha256"]) == 64 and data["sources"] and (data.get("env") or name == "sglang-router")
     sgl = json.loads((root / "sglang-0.5.23.json").read_text())["flags"]
     assert sgl["--attn-cp-size"]["names"] == ["--attn-cp-size", "--attention-context-parallel-size"]
     assert sgl["--enable-dp-attention"]["deprecated"] and "--enable-dsa-prefill-context-parallel" not in sgl

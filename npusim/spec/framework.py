@@ -101,6 +101,7 @@ class Framework:
     release: Release | None = None
     runtime_env: tuple[str, ...] = ()  # prefixes / names the Ascend runtime reads (CANN, torch_npu), not the framework
     env: dict[str, dict[str, str]] | None = None  # role (all, prefill, decode, mixed) -> published environment
+    router_release: Release | None = None  # the PD router's own package (SGLang's sglang-router)
 
     def check(self, flags: list[tuple[str, str | None]], router: bool = False) -> None:
         """Refuse a flag or a value the documentation or the release does not have: the emitter's own guard."""
@@ -108,8 +109,8 @@ class Framework:
         for name, value in flags:
             if name not in table:
                 raise NpusimError(f"{name} is not in the documented flag table", file=self.name)
-            problem = table[name].problem(value) or (self.release.problem(name, value)
-                                                     if self.release and not router else "")
+            release = self.router_release if router else self.release
+            problem = table[name].problem(value) or (release.problem(name, value) if release else "")
             if problem:
                 raise NpusimError(problem, file=self.name)
 
@@ -147,7 +148,8 @@ def load_framework(name: str) -> Framework:
                      _flags(raw["flags"], where, "flags"), raw.get("router", ""),
                      _flags(raw.get("router_flags"), where, "router_flags"), _release(raw.get("release"), where),
                      tuple(raw.get("runtime_env", ())),
-                     {role: {k: str(v) for k, v in env.items()} for role, env in (raw.get("env") or {}).items()})
+                     {role: {k: str(v) for k, v in env.items()} for role, env in (raw.get("env") or {}).items()},
+                     _release(raw.get("router_release"), where))
 
 
 def _release(raw: dict | None, where: str) -> Release | None:
