@@ -181,3 +181,28 @@ def test_predict_costs_a_system_given_as_a_file(tmp_path):
                           "--batch", "64", "--format", "json"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["cost"]["decode_usd_per_mtok"] > 0
+
+
+def test_gqa_groups_of_twelve_heads_run_under_attention_tp(tmp_path):
+    """Qwen3-Coder-480B (96 query / 8 KV heads) under attention TP4: 24 heads and 2 KV heads a rank, 12 a group. A
+    128-row attention block holds 10 tokens' 12 heads (was refused: 128 is not a multiple of 12)."""
+    from npusim import api
+
+    path = tmp_path / "s10.yaml"
+    path.write_text("""description: Qwen3-Coder-480B W8A8, 16 dies PD mixed, --tp 16 --dp 4 (S10 layout)
+decode:
+  ranks: 16
+  attention: {dp: 4, tp: 4}
+  moe: {ep: 16, fused_dispatch_tokens: 0}
+  dense_tp: 16
+  lm_head_tp: 4
+colocated: true
+""")
+    p = api.predict("cloudmatrix384", str(HF / "Qwen3-Coder-480B-A35B" / "config.json"), str(path), input=3500,
+                    output=1500, batch=80, quant="w8a8")
+    assert 0.02 < p.tpot < 0.1
+    from npusim.kernels.catalog import kernel
+    from npusim.spec.chip import load_chip
+    plan = kernel("flash_attention", {"tokens": 20, "keys": 4096, "heads": 24, "kv_heads": 2, "d_qk": 128,
+                                      "d_v": 128, "causal": 0}).geometry(load_chip("910c-die"), 128)
+    assert plan.rows == 120
