@@ -40,6 +40,7 @@ EXAMPLES = int(os.environ.get("NPUSIM_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize="NPUSIM_FUZZ_EXAMPLES" not in os.environ,
                 database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+# Every property below is marked slow (150 cases each, seconds to a minute): the slow tier, which .ci/run runs
 ROOT = data_root()
 CHEAP = ("--input", "512", "--output", "8", "--batch", "8")  # a prediction refused before any engine work
 
@@ -100,6 +101,7 @@ OVERRIDABLE = sorted(dict(
     + _fields(load_model("deepseek-v3.2-exp"), "model.") + _fields(load_model("deepseek-v4-flash"), "model.")).items())
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.data())
 def test_fuzz_override_of_every_field(data):
@@ -154,6 +156,7 @@ def _invocation(kind: str, path: str) -> tuple:
             "plan": ("predict", *CHEAP, "--plan", path), "scenario": ("compare", path, path)}[kind]
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.data())
 def test_fuzz_every_field_of_every_spec_file(data, tmp_path_factory):
@@ -188,6 +191,7 @@ BAD_ARG = {"name": st.one_of(st.integers(-5, 500), st.just([1]), st.just({"a": 1
 BAD_METRIC = st.one_of(WORDS, st.just(float("nan")), st.just(float("inf")), st.just([1.0]), st.just(True))
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.data())
 def test_fuzz_sweep_and_baseline_files(data, tmp_path_factory):
@@ -292,6 +296,7 @@ def test_the_parser_is_walked():
     assert len(OPTIONS) > 100 and {"predict", "serve", "sweep", "check"} <= {path[0] for path, _, _ in OPTIONS}
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.data())
 def test_fuzz_every_cli_option(data):
@@ -316,6 +321,7 @@ KERNEL_DIMS = _kernel_dims()
 SIZES = st.one_of(st.sampled_from([0, 1, 2, 3, 7, 15, 16, 17, 127, 128, 129, 1000, 4096]), st.integers(-3, 5000))
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.data())
 def test_fuzz_kernel_shapes(data):
@@ -344,6 +350,7 @@ BAD_SHAPE_VALUE = st.one_of(WORDS, st.sampled_from(["0", "-1", "-7", "1.5", "nan
                                                     "100000000000000000000", "2147483648", "bf16", "[1]"]))
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.data())
 def test_fuzz_kernel_shape_options(data):
@@ -367,6 +374,7 @@ GEMM = st.tuples(st.integers(1, 3000), st.integers(16, 3000), st.integers(16, 30
                  st.sampled_from(["fp16", "bf16", "int8"]), st.sampled_from(["910b2", "910c-die", "950dt"]))
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=max(10, EXAMPLES // 5))
 @given(case=GEMM)
 def test_fuzz_kernels_never_beat_their_roofline_and_repeat_exactly(case):
@@ -388,6 +396,7 @@ DEPLOYMENTS = [("cloudmatrix384", "deepseek-v3.2-exp", "v32-a3-pd-a17"),
 PREDICT = st.tuples(st.sampled_from(DEPLOYMENTS), st.integers(64, 8192), st.integers(1, 128), st.integers(2, 256))
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=max(4, EXAMPLES // 30))
 @given(case=PREDICT)
 def test_fuzz_predictions_repeat_exactly_and_never_beat_the_roofline(case):

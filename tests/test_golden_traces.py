@@ -10,6 +10,7 @@ from golden import CASES, DATA, build, canonical, case_id, digest, engine_record
 RECORDED = json.loads(DATA.read_text())["cases"]
 
 
+@pytest.mark.slow  # 111 traces built and timed; the slow tier (pytest -m slow), which .ci/run runs too
 @pytest.mark.parametrize("case", CASES, ids=[case_id(*c) for c in CASES])
 def test_trace_and_engine_result_are_the_recorded_ones(case):
     kernel, shape, chip, buffering = case

@@ -14,6 +14,7 @@ Two properties, both exact (float noise aside):
 
 import functools
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -80,6 +81,7 @@ def check_kernel(name: str, shape: dict, chip_name: str, resource: str) -> None:
 
 
 def _kernel_property(name: str):
+    @pytest.mark.slow  # 15 cases of tuned kernels on two chips each: the slow tier, which .ci/run runs
     @knobs
     @given(KERNELS[name], chips, resources)
     def test(shape, chip_name, resource):
@@ -122,6 +124,7 @@ SCENARIOS = {
 }
 
 
+@pytest.mark.slow
 @settings(max_examples=5, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(sorted(SCENARIOS)), resources)
 def test_predictions_never_slower_with_more_resource(scenario, resource):
@@ -137,6 +140,7 @@ def test_predictions_never_slower_with_more_resource(scenario, resource):
         assert a <= b * (1 + NOISE), f"{scenario}, twice the {resource}: {figure} {b} -> {a}"
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(sorted(KERNELS) + ["compressor"]), chips, st.data())
 def test_the_first_candidate_is_the_tilers_own_choice(name, chip_name, data):

@@ -52,6 +52,7 @@ def test_scenario_report_is_self_contained_and_carries_the_prediction(scenario_r
     assert "base.trace.json" in page
 
 
+@pytest.mark.slow  # a headless Chromium
 @needs_browser
 def test_chromium_renders_the_report(scenario_report, tmp_path):
     from PIL import Image
@@ -69,6 +70,7 @@ def test_chromium_renders_the_report(scenario_report, tmp_path):
     assert "<svg" in dom and "Timeline of one decode step" in dom
 
 
+@pytest.mark.slow  # a whole npusim plan search in a subprocess first
 def test_plan_report_shows_the_search(cli, tmp_path):
     plan = tmp_path / "p.yaml"
     r = cli("plan", "--hw", "cloudmatrix384", "--model", "deepseek-v3.2-exp", "--input", "2048", "--output", "256",
@@ -85,6 +87,7 @@ def test_plan_report_shows_the_search(cli, tmp_path):
     assert ids(page)["tpot_ms"] == pytest.approx(pred.tpot * 1e3, rel=1e-3)
 
 
+@pytest.mark.slow  # a sweep and its report in a subprocess
 def test_sweep_report_and_bad_target(cli, tmp_path):
     spec = tmp_path / "s.yaml"
     spec.write_text("name: s\nbase: {hw: cloudmatrix384, model: deepseek-v3.2-exp, plan: v32-a3-pd-a17, input: 4096,"

@@ -72,6 +72,7 @@ def test_cache_resumes_an_interrupted_sweep(serial, tmp_path, monkeypatch):
     assert calls == []
 
 
+@pytest.mark.slow  # starts a Dask LocalCluster
 def test_dask_local_cluster_equals_serial(serial):
     distributed = pytest.importorskip("distributed")
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as c:
@@ -122,6 +123,7 @@ def test_cli_sweep_bad_file_is_one_sentence(cli, tmp_path, body, needle):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # waits for the Dask client to give up connecting
 def test_cli_sweep_unreachable_scheduler(cli, tmp_path):
     pytest.importorskip("distributed")
     f = tmp_path / "s.yaml"
