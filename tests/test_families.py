@@ -206,3 +206,25 @@ colocated: true
     plan = kernel("flash_attention", {"tokens": 20, "keys": 4096, "heads": 24, "kv_heads": 2, "d_qk": 128,
                                       "d_v": 128, "causal": 0}).geometry(load_chip("910c-die"), 128)
     assert plan.rows == 120
+
+
+def test_colocated_plan_sets_graph_mode_per_phase(tmp_path):
+    """SGLang / vLLM-Ascend capture NPU graphs for decode only: a co-located plan's prefill can launch eagerly beside
+    its graph-mode decode (`phases`), the other stream fields kept from the plan; eager launches cost TTFT."""
+    from npusim import api
+
+    text = TP16.replace("colocated: true", "streams: {graph_mode: true, comm_overlap: false}\ncolocated: true")
+    both, split = tmp_path / "both.yaml", tmp_path / "split.yaml"
+    both.write_text(text)
+    split.write_text(text + "phases:\n  prefill: {streams: {graph_mode: false}}\n")
+    plan = load_plan(str(split))
+    assert not plan.streams_of("prefill").graph_mode and plan.streams_of("decode").graph_mode
+    assert not plan.streams_of("prefill").comm_overlap
+    model = str(HF / "Qwen3-235B-A22B" / "config.json")
+    graph, eager = (api.predict("cloudmatrix384", model, str(p), input=2048, output=256, batch=16, quant="w8a8")
+                    for p in (both, split))
+    assert eager.ttft > graph.ttft and eager.tpot == graph.tpot
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text + "phases:\n  mixed: {streams: {graph_mode: false}}\n")
+    with pytest.raises(NpusimError, match="phases.mixed"):
+        load_plan(str(bad))

@@ -211,6 +211,20 @@ class KvOffload:
                             doc="fraction of a step's selected rows already on the device from earlier steps (0-1)")
 
 
+PHASE_NAMES = ("prefill", "decode")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PhaseOptions:
+    """What one phase runs with, whichever instance runs it: a co-located plan's one instance serves both phases,
+    and the frameworks run them apart (SGLang and vLLM-Ascend capture NPU graphs for decode batches only; a prefill
+    launches eagerly)."""
+
+    streams: Streams | None = field(default=None, metadata={
+        "doc": "this phase's streams and schedule, over those of the instance that runs it (fields not written here "
+               "keep the instance's, or the plan's)"})
+
+
 @dataclass(frozen=True, kw_only=True)
 class Plan:
     name: str = text()
@@ -220,6 +234,9 @@ class Plan:
     mtp: Mtp = Mtp()
     eplb: Eplb = Eplb()
     streams: Streams = Streams()
+    phases: dict[str, PhaseOptions] = field(default_factory=dict, metadata={
+        "doc": "per phase (prefill, decode): settings over the instance's, e.g. a co-located plan's eager prefill "
+               "beside its graph-mode decode"})
     kernels: dict[str, KernelOptions] = field(default_factory=dict, metadata={"doc": "options per kernel name"})
     fusion: Fusion = Fusion()
     model_code: ModelCode = ModelCode()
@@ -244,10 +261,23 @@ class Plan:
             inst = tree.get(role)
             if isinstance(inst, dict) and isinstance(inst.get("streams"), dict) and isinstance(common, dict):
                 inst["streams"] = merge(common, inst["streams"])
+        phases = tree.get("phases")
+        for phase, opts in (phases.items() if isinstance(phases, dict) else ()):
+            if not (isinstance(opts, dict) and isinstance(opts.get("streams"), dict)):
+                continue
+            runs = tree.get(phase) if isinstance(tree.get(phase), dict) else tree.get("decode") or tree.get("prefill")
+            own = runs.get("streams") if isinstance(runs, dict) else None
+            base = own if isinstance(own, dict) else common
+            if isinstance(base, dict):
+                opts["streams"] = merge(base, opts["streams"])
         return tree
 
     def streams_of(self, phase: str) -> Streams:
-        """The streams `phase` runs with: those of the instance that runs it, else the plan's."""
+        """The streams `phase` runs with: the phase's own (`phases`), else those of the instance that runs it, else
+        the plan's."""
+        own = self.phases.get(phase)
+        if own is not None and own.streams is not None:
+            return own.streams
         inst = self.instance(phase)
         return inst.streams if inst is not None and inst.streams is not None else self.streams
 
@@ -280,6 +310,9 @@ class Plan:
             inst = getattr(self, role)
             if inst is not None:
                 p += inst.check(role)
+        for phase in self.phases:
+            if phase not in PHASE_NAMES:
+                p.append((f"phases.{phase}", f"is not a phase; allowed: {', '.join(PHASE_NAMES)}"))
         if self.colocated and self.disaggregated:
             p.append(("colocated", "a plan with both a prefill and a decode instance is disaggregated; colocated "
                                    "needs one instance"))
