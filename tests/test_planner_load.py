@@ -9,6 +9,7 @@ import npusim
 from npusim import serving
 from npusim.planner import SearchSpace, Traffic, commands, search, write_plan
 from npusim.serving import Slo
+from npusim.serving.steady import run_length
 
 # Instances of 32 or 64 ranks, so that plans of 32, 48 and 64 chips compete; solo TTFT ~0.1 s, TPOT ~40-50 ms.
 SPACE = dict(hw="cloudmatrix384", model="deepseek-v3.2-exp", input=2048, output=256, workers=1,
@@ -46,13 +47,17 @@ def test_the_load_is_checked_cheapest_first_and_the_failures_say_why(loaded):
 def test_npusim_serve_confirms_the_recommended_plan(loaded, cli, tmp_path):
     path = write_plan(loaded, tmp_path / "plan.yaml")
     serve = commands(loaded, path)[1]
-    assert serve in path.read_text() and "--rate 8.0 --requests 200 --seed 0" in serve
+    rec = loaded.recommended
+    # as many requests as a steady window needs at 8/s for the plan's predicted end-to-end latency (was: 200)
+    steady = run_length(e2e=rec.ttft + SPACE["output"] * rec.tpot, rate=RATE.rate)
+    assert serve in path.read_text() and f"--rate 8.0 --requests {steady} --seed 0" in serve and steady > 200
     run = cli(*serve.split()[1:], "--format", "json")
     assert run.returncode == 0, run.stderr
     summary = json.loads(run.stdout)["summary"]
     v = loaded.verified
-    assert summary["ttft"]["p99"] == pytest.approx(v.ttft, rel=1e-9) and summary["ttft"]["p99"] <= SLO.ttft
-    assert summary["tpot"]["p99"] == pytest.approx(v.tpot, rel=1e-9) and summary["tpot"]["p99"] <= SLO.tpot
+    assert summary["steady"]["verdict"] == "steady" and summary["requests"] == steady
+    assert summary["steady_ttft"]["p99"] == pytest.approx(v.ttft, rel=1e-9) and v.ttft <= SLO.ttft
+    assert summary["steady_tpot"]["p99"] == pytest.approx(v.tpot, rel=1e-9) and v.tpot <= SLO.tpot
 
 
 def test_cli_plan_under_a_load_states_it_and_prints_the_serve_command(cli, tmp_path):
@@ -60,10 +65,11 @@ def test_cli_plan_under_a_load_states_it_and_prints_the_serve_command(cli, tmp_p
     r = cli("plan", "--input", 2048, "--output", 256, "--ranks", 32, "--mtp", 1, "--workers", 1,
             "--slo", "ttft=1s,tpot=60ms", "--concurrency", 4, "--out", out)
     assert r.returncode == 0, r.stderr
-    assert "load: 4 concurrent users, 200 requests, seed 0, SLO at p99" in r.stdout
-    assert "served under 4 concurrent users, 200 requests, seed 0, SLO at p99: TTFT p99" in r.stdout and out.exists()
-    assert f"npusim serve --hw cloudmatrix384 --model deepseek-v3.2-exp --plan {out}" in r.stdout
-    assert "--concurrency 4 --requests 200 --seed 0" in r.stdout
+    steady = run_length(concurrency=4)  # the requests a steady window needs: six rounds of the users and 1000
+    assert "load: 4 concurrent users, 200+ requests, seed 0, SLO at p99" in r.stdout
+    assert f"served under 4 concurrent users, {steady} requests, seed 0, SLO at p99: TTFT p99" in r.stdout
+    assert f"npusim serve --hw cloudmatrix384 --model deepseek-v3.2-exp --plan {out}" in r.stdout and out.exists()
+    assert f"--concurrency 4 --requests {steady} --seed 0" in r.stdout
 
 
 def test_an_impossible_load_says_so_and_shows_the_closest(cli, tmp_path):

@@ -1,15 +1,20 @@
 """Load generation for the serving simulation: trace files, length distributions, arrival processes, figures."""
 
 import io
+import json
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 
+from npusim import api
 from npusim.errors import NpusimError
-from npusim.serving import (AnalyticStepModel, Capacity, ClosedLoop, Deployment, Fixed, LogNormal, OpenLoop, Pool,
-                            Sampled, Slo, Uniform, knee, read_trace, simulate)
+from npusim.serving import (AnalyticStepModel, Capacity, ClosedLoop, Deployment, Fixed, LogNormal, OpenLoop,
+                            Percentiles, Pool, Sampled, Slo, Uniform, knee, read_trace, simulate)
 from npusim.serving.plots import latency_cdfs, rate_sweep, timeline
+from npusim.serving.predicted import ServedPlan
+from npusim.serving.steady import MIN_MEASURED, pilot_e2e, run_length, serve_steady, steady_window
 
 MODEL = AnalyticStepModel(Capacity(kv_bytes_per_token=70e3, kv_capacity=10e9, max_batch=8, token_budget=4096))
 
@@ -154,3 +159,116 @@ def test_steady_throughput_leaves_out_the_drain():
     assert s.window > 1.6 * s.steady_window and s.steady_output_throughput > 1.1 * s.output_throughput
     one = simulate(Deployment(), OpenLoop(1.0, Fixed(256), Fixed(8)), MODEL, seed=0, requests=1).summary
     assert one.steady_window == one.window and one.steady_output_throughput == pytest.approx(one.output_throughput)
+
+
+# --- the steady window (issue 28 item 4) ---
+
+CO = Deployment(prefill=Pool(ranks=2))  # carries ~15.5 requests/s of 1024 in / 64 out in an open loop (a request
+SOLO_E2E = 0.82  # takes ~0.82 s end to end there at a low rate)
+
+
+class Served:
+    """What `serve_steady` runs: CO on MODEL, as a ServedPlan would."""
+
+    def run(self, load, seed=0, requests=None, slo=None, progress=False):
+        return simulate(CO, load, MODEL, seed=seed, requests=requests, slo=slo)
+
+
+def steady_run(rate, seed=0, requests=None, slo=None):
+    load = OpenLoop(rate, Fixed(1024), Fixed(64))
+    return simulate(CO, load, MODEL, seed=seed, requests=requests or run_length(e2e=SOLO_E2E, rate=rate), slo=slo)
+
+
+def test_the_steady_window_leaves_out_warm_up_and_drain():
+    """Arrivals every 0.1 s for 100 s, each request 5 s end to end: warm-up and drain of 5 s, 900 requests inside."""
+    a = np.arange(1000) * 0.1
+    w = steady_window(pd.DataFrame({"arrival": a, "first_token": a + 0.5, "finish": a + 5.0}))
+    assert w.verdict == "steady" and w.reason == "" and w.warmup == pytest.approx(5.0)
+    assert (w.start, w.end) == pytest.approx((5.0, 94.9)) and abs(w.requests - 900) <= 1
+    assert w.offered == pytest.approx(10.0, rel=0.01) and w.delivered == pytest.approx(w.offered, rel=0.01)
+    assert w.queue_growth == pytest.approx(0.0, abs=1e-6) and w.in_system_growth == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_queue_that_grows_is_no_steady_state():
+    """First tokens at 0.8 of the arrival rate: the queue grows by 2 requests/s whatever the window."""
+    a = np.arange(1000) * 0.1
+    first = a / 0.8 + 0.5
+    w = steady_window(pd.DataFrame({"arrival": a, "first_token": first, "finish": first + 5.0}))
+    assert w.verdict == "overloaded" and not w.reached
+    assert w.reason.startswith("no steady state: ") and "delivered of 10 offered; the queue" in w.reason
+    assert w.delivered == pytest.approx(8.0, rel=0.02) and w.queue_growth > 0.05 * w.requests
+
+
+def test_run_length_follows_the_rate_and_the_latency():
+    """Warm-up + drain (2 latencies) + 4 latencies measured, at least 1000 requests measured."""
+    assert run_length(e2e=50.0, rate=8.0) == 800 + 1600
+    assert run_length(e2e=0.8, rate=10.0) == 16 + 1000
+    assert run_length(concurrency=4) == 6 * 4 + 1000
+    load = OpenLoop(8.0, Fixed(1024), Fixed(64))
+    result, n = serve_steady(Served(), load)
+    pilot = pilot_e2e(Served(), load)  # the first 8 requests' median
+    assert pilot == pytest.approx(SOLO_E2E, rel=0.05) and n == run_length(e2e=pilot, rate=8.0) == len(result.requests)
+
+
+def test_a_stable_rate_reports_its_steady_window():
+    """Half the capacity: steady; the window's figures are its own requests' and tokens, and a run twice as long
+    finds the same (was: no window, the output throughput diluted by the warm-up)."""
+    result = steady_run(8.0)
+    s, r = result.summary, result.requests
+    w = s.steady
+    assert w.verdict == "steady" and w.requests >= 0.9 * MIN_MEASURED
+    inside = r.arrival.between(w.start, w.end)
+    assert inside.sum() == w.requests and s.steady_ttft == Percentiles.of(r.ttft[inside])
+    assert s.steady_window == pytest.approx(w.end - w.start)
+    assert w.delivered == pytest.approx(w.offered, rel=0.03) == pytest.approx(8.0, rel=0.1)
+    assert s.steady_output_throughput == pytest.approx(64 * w.offered, rel=0.03)
+    assert s.steady_request_throughput == pytest.approx(w.delivered, rel=1e-9)
+    longer = steady_run(8.0, requests=2 * len(r)).summary
+    assert longer.steady.reached and longer.steady_ttft.p99 == pytest.approx(s.steady_ttft.p99, rel=0.15)
+
+
+@pytest.mark.parametrize("rate", [12.0, 14.0, 15.0])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_up_to_95_percent_of_capacity_the_run_is_steady(rate, seed):
+    """The queue's growth over a steady window is noise: within 0.4 % of its arrivals (TOLERANCE is 2 %)."""
+    w = steady_run(rate, seed=seed).summary.steady
+    assert w.verdict == "steady" and abs(w.queue_growth) < 0.004 * w.requests
+
+
+@pytest.mark.parametrize("requests", [200, None])
+def test_an_overloaded_rate_never_meets_the_slo(requests):
+    """1.5 x the capacity, over the old default's 200 requests or the steady rule's: the queue grows, the run says
+    so, and no SLO is met however loose (was: p99 within a loose SLO, so 'met', and no knee)."""
+    loose = Slo(ttft=1e3, tpot=1e3)
+    s = steady_run(24.0, requests=requests, slo=loose).summary
+    assert s.ttft.p99 < loose.ttft and s.tpot.p99 < loose.tpot  # the percentiles alone would pass
+    assert s.steady.verdict == "overloaded" and "no steady state" in s.steady.reason
+    assert s.misses(loose) == ("steady",) and not s.meets(loose)
+    stable = steady_run(8.0, slo=loose).summary
+    assert stable.meets(loose) and knee([8.0, 24.0], [stable, s], loose) == 24.0
+
+
+def test_a_run_too_short_for_a_window_says_so():
+    s = steady_run(8.0, requests=20).summary
+    assert s.steady.verdict == "short" and s.steady.reason.startswith("no steady window: ")
+    assert "serve more requests" in s.steady.reason and s.steady_ttft == s.ttft  # judged on the whole run
+
+
+@pytest.mark.slow
+def test_the_readme_serve_example_gives_a_knee_a_longer_run_confirms(cli):
+    """`npusim serve --rates 2,4,6,8 --slo ttft=2s,tpot=50ms` (README): every rate steady, and a run of twice its
+    requests agrees on which rates meet the SLO (was: 200 requests, 'within the SLO up to 8' on a run whose TTFT
+    tail had not been seen)."""
+    run = cli("serve", "--rates", "2,4,6,8", "--slo", "ttft=2s,tpot=50ms", "--format", "json")
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    rows, slo = out["rows"], Slo(ttft=2.0, tpot=0.05)
+    assert all(row["steady_verdict"] == "steady" for row in rows)
+    served = ServedPlan.of(api.load_setup())
+    for row in rows:
+        met = row["steady_ttft_p99"] <= slo.ttft and row["steady_tpot_p99"] <= slo.tpot
+        longer = served.run(OpenLoop(row["rate"], Fixed(8192), Fixed(1024)), requests=2 * row["requests"],
+                            slo=slo).summary
+        assert longer.steady.reached and longer.meets(slo) == met, row["rate"]
+    assert out["knee_rate"] == next((row["rate"] for row in rows if not (
+        row["steady_ttft_p99"] <= slo.ttft and row["steady_tpot_p99"] <= slo.tpot)), None)

@@ -35,6 +35,7 @@ from npusim.errors import NpusimError
 from npusim.planner.space import Layout, plan_document
 from npusim.serving import ClosedLoop, Fixed, Slo
 from npusim.serving.predicted import ServedPlan
+from npusim.serving.steady import run_length
 from npusim.spec.system import load_system
 
 GiB = 2**30
@@ -91,11 +92,12 @@ def _serve(sc, doc: dict, plan_file, describe: str, batch: int, dp: int, slo: Sl
         chips = ranks / setup.system.chip_spec.dies
         served = ServedPlan.of(setup, max_batch=math.ceil(batch / dp), token_budget=min(sc.input, chunk))
         load = ClosedLoop(batch, Fixed(sc.input), Fixed(sc.output))
-        summary = served.run(load, seed=seed, requests=max(requests, 2 * batch), slo=slo).summary
+        summary = served.run(load, seed=seed, requests=max(requests, run_length(concurrency=batch)), slo=slo).summary
     except NpusimError as exc:
         return Mixed("co-located", describe, 0, 0.0, batch, error=exc.detail)
-    return Mixed("co-located", describe, ranks, chips, batch, getattr(summary.ttft, percentile),
-                 getattr(summary.tpot, percentile), summary.output_throughput / chips, summary.request_throughput)
+    return Mixed("co-located", describe, ranks, chips, batch, getattr(summary.steady_ttft, percentile),
+                 getattr(summary.steady_tpot, percentile), summary.steady_output_throughput / chips,
+                 summary.steady_request_throughput)
 
 
 def colocated_doc(layout: Layout) -> dict:

@@ -46,6 +46,7 @@ from npusim.planner.space import Layout, SearchSpace, plan_document
 from npusim.progress import progress as progress_bar
 from npusim.serving import ClosedLoop, Fixed, OpenLoop, Percentiles, Slo
 from npusim.serving.predicted import ServedPlan
+from npusim.serving.steady import run_length
 from npusim.spec.system import load_system
 
 
@@ -72,13 +73,15 @@ PERCENTILES = tuple(f.name for f in fields(Percentiles))  # what an SLO may be j
 class Traffic:
     """The load a plan must serve, with requests of the planned lengths: `rate` requests/s arriving as a Poisson
     process (open loop) or `concurrency` users each waiting for their last answer (closed loop). The SLO is judged at
-    `percentile` over `requests` requests of one seeded run."""
+    `percentile` over the steady window of one seeded run of at least `requests` requests, and as many as a steady
+    window needs (`sized`); an overloaded run misses it."""
 
     rate: float | None = None
     concurrency: int | None = None
     percentile: str = "p99"
     requests: int = 200
     seed: int = 0
+    sized_: bool = False  # `requests` is the run's length, sized for a steady window (`sized`); else its least
 
     def __post_init__(self):
         if (self.rate is None) == (self.concurrency is None):
@@ -97,10 +100,18 @@ class Traffic:
             return OpenLoop(self.rate, Fixed(input), Fixed(output))
         return ClosedLoop(self.concurrency, Fixed(input), Fixed(output))
 
+    def sized(self, e2e: float) -> Traffic:
+        """This load over as many requests as a steady window needs when a request takes `e2e` seconds (a plan's
+        predicted TTFT + output x TPOT; `steady.run_length`), at least `requests`, at most MAX_SERVED."""
+        need = run_length(e2e=e2e, rate=self.rate) if self.rate is not None else \
+            run_length(concurrency=self.concurrency)
+        return replace(self, requests=max(self.requests, min(MAX_SERVED, need)), sized_=True)
+
     def describe(self) -> str:
         kind = (f"{self.rate:g} requests/s (Poisson)" if self.rate is not None
                 else f"{self.concurrency} concurrent users")
-        return f"{kind}, {self.requests} requests, seed {self.seed}, SLO at {self.percentile}"
+        least = "" if self.sized_ else "+"
+        return f"{kind}, {self.requests}{least} requests, seed {self.seed}, SLO at {self.percentile}"
 
     def args(self) -> str:
         """The same load as `npusim serve` options."""
@@ -196,7 +207,10 @@ class Served:
     def verdict(self, percentile: str) -> str:
         if self.error:
             return self.error
-        return "meets" if self.ok else " and ".join(f"{m.upper()} {percentile}" for m in self.misses) + " above SLO"
+        late = " and ".join(f"{m.upper()} {percentile}" for m in self.misses if m != "steady")
+        if "steady" in self.misses:  # an overloaded run: its queue grew over the steady window
+            return "no steady state (overloaded)" + (f"; {late} above SLO" if late else "")
+        return "meets" if self.ok else late + " above SLO"
 
     def row(self, percentile: str) -> dict:
         return {**self.candidate.row(), f"ttft_{percentile}_ms": self.ttft * 1e3,
@@ -401,6 +415,7 @@ def _serve(sc: Scenario, cand: Candidate, slo: Slo, traffic: Traffic, workdir: s
     sized short of an open loop's rate are not served (`Pools.unmet`); a closed loop slows its users instead."""
     if traffic.rate is not None and cand.pools.unmet:
         return Served(cand, error=cand.pools.unmet, traffic=traffic)
+    traffic = traffic.sized(cand.ttft + sc.output * cand.tpot)
     plan = _plan_file(candidate_plan(cand), workdir)
     try:
         served = ServedPlan.of(api.load_setup(sc.hw, sc.model, plan, sc.quant, dict(sc.overrides)),
@@ -410,7 +425,7 @@ def _serve(sc: Scenario, cand: Candidate, slo: Slo, traffic: Traffic, workdir: s
     except NpusimError as exc:  # e.g. no HBM left for the KV cache beside the planned batch
         return Served(cand, error=exc.detail, traffic=traffic)
     pct = traffic.percentile
-    return Served(cand, getattr(summary.ttft, pct), getattr(summary.tpot, pct), summary.misses(slo, pct),
+    return Served(cand, getattr(summary.steady_ttft, pct), getattr(summary.steady_tpot, pct), summary.misses(slo, pct),
                   tokens_per_s_per_chip=summary.steady_output_throughput / cand.chips, traffic=traffic)
 
 
@@ -558,14 +573,16 @@ MAX_SERVED = 5000  # requests, at most (seconds of serving simulation)
 def served_load(result: SearchResult, cand: Candidate | None = None) -> Traffic:
     """The load a plan (the recommended one by default) is served under: the search's, else Poisson arrivals at the
     rate its pools are sized for (a closed loop would start all its users at once, a burst the pools are not sized
-    for), over `HOLDS_SERVED` times a request's decode (at least Traffic's 200 requests)."""
-    if result.traffic is not None:
-        return result.traffic
+    for), over `HOLDS_SERVED` times a request's decode (at least Traffic's 200 requests); either sized for a steady
+    window (`Traffic.sized`)."""
     c = cand or result.recommended
+    e2e = c.ttft + result.scenario.output * c.tpot
+    if result.traffic is not None:
+        return result.traffic.sized(e2e)
     rate = served_rate(c.pools.requests_per_s)
     hold = result.scenario.output * c.tpot
     return Traffic(rate=rate, requests=min(MAX_SERVED, max(Traffic.requests, math.ceil(HOLDS_SERVED * rate * hold))),
-                   percentile=result.percentile)
+                   percentile=result.percentile).sized(e2e)
 
 
 def write_plan(result: SearchResult, path: str | Path) -> Path:

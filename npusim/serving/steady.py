@@ -13,15 +13,15 @@ state a deployment holds under a load, so the percentiles and throughputs that j
 
 Inside the window a steady run's arrivals and departures balance. Two counts show a run that does not: the queue
 (requests arrived and without their first token: waiting, prefilling, crossing the link) and the number in the
-system. A count that grows over the window by more than `TOLERANCE` of the window's arrivals (the delivered rate
-that much below the offered one) and by more than `SIGMAS` times its own noise (a count of independent requests
-fluctuates like a Poisson count, so an end-minus-start difference by sqrt(2 x mean)) says the run was overloaded
-('overloaded'). A run too short for a window is still tested on its queue over the whole arrival span, whose
-warm-up is a TTFT, not an end-to-end latency.
+system. A count whose mean over the window's last quarter exceeds its mean over the first quarter by more than
+`TOLERANCE` of the window's arrivals (the delivered rate that much below the offered one) and by more than `SIGMAS`
+times its own noise (a count of independent requests fluctuates like a Poisson count: a difference of two by
+sqrt(2 x mean)) says the run was overloaded ('overloaded'). A run too short for a window is still tested on its
+queue over the whole arrival span, whose warm-up is a TTFT, not an end-to-end latency.
 
 The length of a run (`run_length`) follows from the load and the end-to-end latency `e2e` of one request: an open
 loop at `rate` serves rate x (2 + MEASURED) x e2e requests (warm-up, drain, and `MEASURED` latencies measured; at
-least 2 x MIN_REQUESTS measured), a closed loop (2 + MEASURED) rounds of its users and 2 x MIN_REQUESTS more.
+least MIN_MEASURED measured), a closed loop (2 + MEASURED) rounds of its users and MIN_MEASURED more.
 `e2e` comes from a pilot run (`pilot_e2e`, what `npusim serve` does when no --requests / --duration is given:
 `serve_steady`) or the step model's one-request prediction (the planner's).
 """
@@ -43,7 +43,9 @@ if TYPE_CHECKING:  # result.py imports this module
 
 WARMUP_QUANTILE = 0.9  # the end-to-end quantile taken as the warm-up and the drain
 MIN_REQUESTS = 100  # arrivals the window must hold: p99 from at least a hundred requests
-TOLERANCE = 0.05  # growth of a count over the window, as a share of its arrivals, that marks an overload
+MIN_MEASURED = 1000  # arrivals the window of a run of `run_length` aims at: ten requests in the p99 tail
+TOLERANCE = 0.02  # growth of a count over the window, as a share of its arrivals, that marks an overload (a
+# stable queue: within 0.4 % up to 95 % of its capacity, tests/test_serving_load.py)
 SIGMAS = 3.0  # ... and in units of the count's own noise, sqrt(2 x its mean)
 MEASURED = 4  # end-to-end latencies the window of a run of `run_length` spans
 PILOT_REQUESTS = 8  # requests of the pilot run that measures one request's end-to-end latency
@@ -63,8 +65,8 @@ class SteadyWindow:
     warmup: float  # s: E, the warm-up and the drain
     offered: float  # arrivals / s inside
     delivered: float  # completions / s inside
-    queue_growth: int  # requests without a first token: at the end of the window minus at its start
-    in_system_growth: int  # requests arrived and not finished: the same
+    queue_growth: float  # requests without a first token: mean over the window's last quarter minus its first's
+    in_system_growth: float  # requests arrived and not finished: the same
 
     @property
     def reached(self) -> bool:
@@ -78,28 +80,28 @@ class _Count:
     begin: np.ndarray
     stop: np.ndarray
 
-    def at(self, t: float) -> int:
-        return int(((self.begin <= t) & (self.stop > t)).sum())
-
-    def growth(self, start: float, end: float) -> int:
-        return self.at(end) - self.at(start)
-
     def mean(self, start: float, end: float) -> float:
         """Time average over [start, end]."""
         alive = np.clip(np.minimum(self.stop, end) - np.maximum(self.begin, start), 0.0, None)
         return float(alive.sum() / (end - start)) if end > start else 0.0
 
+    def ends(self, start: float, end: float) -> tuple[float, float]:
+        """Time averages over the first and the last quarter of [start, end]."""
+        q = (end - start) / 4
+        return self.mean(start, start + q), self.mean(end - q, end)
+
     def grew(self, start: float, end: float, arrivals: int) -> bool:
-        """Grew by more than TOLERANCE of the arrivals and SIGMAS times its noise."""
-        noise = SIGMAS * math.sqrt(2.0 * self.mean(start, end))
-        return self.growth(start, end) > max(TOLERANCE * arrivals, noise)
+        """From the first to the last quarter of [start, end], by more than TOLERANCE of the arrivals and SIGMAS times
+        its noise."""
+        first, last = self.ends(start, end)
+        return last - first > max(TOLERANCE * arrivals, SIGMAS * math.sqrt(2.0 * self.mean(start, end)))
 
 
 def steady_window(requests: pd.DataFrame) -> SteadyWindow:
     """The steady window of a run from its request table (arrival, first_token, finish; NaN: not yet)."""
     a = requests.arrival.to_numpy(float)
     if a.size == 0:
-        return SteadyWindow("short", "no request arrived", 0.0, 0.0, 0, math.nan, 0.0, 0.0, 0, 0)
+        return SteadyWindow("short", "no request arrived", 0.0, 0.0, 0, math.nan, 0.0, 0.0, 0.0, 0.0)
     first = np.nan_to_num(requests.first_token.to_numpy(float), nan=math.inf)
     finish = np.nan_to_num(requests.finish.to_numpy(float), nan=math.inf)
     queue, system = _Count(a, first), _Count(a, finish)
@@ -107,36 +109,42 @@ def steady_window(requests: pd.DataFrame) -> SteadyWindow:
     early = finish[a <= (t0 + t1) / 2] - a[a <= (t0 + t1) / 2]
     e = float(np.quantile(early, WARMUP_QUANTILE, method="higher"))
     start, end = t0 + e, t1 - e
-    inside = (a >= start) & (a <= end)
-    n = int(inside.sum())
+    n = int(((a >= start) & (a <= end)).sum())
     if not math.isfinite(e) or end - start < e or n < MIN_REQUESTS:
         return _short(a, finish, queue, system, t0, t1, e)
     span = end - start
     done = int(((finish >= start) & (finish <= end)).sum())
     win = dict(start=start, end=end, requests=n, warmup=e, offered=n / span, delivered=done / span,
-               queue_growth=queue.growth(start, end), in_system_growth=system.growth(start, end))
+               queue_growth=_growth(queue, start, end), in_system_growth=_growth(system, start, end))
     grown = [(name, c) for name, c in (("queue", queue), ("system", system)) if c.grew(start, end, n)]
     if not grown:
         return SteadyWindow("steady", "", **win)
-    name, count = grown[0]
+    return SteadyWindow("overloaded", f"no steady state: {done / span:.3g} requests/s delivered of {n / span:.3g} "
+                                      f"offered; {_grew(*grown[0], start, end)} over the {span:.3g} s window", **win)
+
+
+def _growth(count: _Count, start: float, end: float) -> float:
+    first, last = count.ends(start, end)
+    return last - first
+
+
+def _grew(name: str, count: _Count, start: float, end: float) -> str:
     what = ("the queue (requests waiting for their first token)" if name == "queue" else
             "the requests in the system")
-    return SteadyWindow("overloaded", f"no steady state: {done / span:.3g} requests/s delivered of {n / span:.3g} "
-                                      f"offered; {what} grew by {count.growth(start, end)} over the {span:.3g} s "
-                                      f"window, to {count.at(end)}", **win)
+    first, last = count.ends(start, end)
+    return f"{what} grew from {first:.3g} to {last:.3g} (means over its first and last quarter)"
 
 
 def _short(a, finish, queue: _Count, system: _Count, t0: float, t1: float, e: float) -> SteadyWindow:
     """No window: the run is too short, unless its queue grew over the whole arrival span (an overload)."""
     span, n = t1 - t0, len(a)
     done = int((finish <= t1).sum())
-    win = dict(start=t0, end=t1, requests=n, warmup=e, offered=(n - 1) / span if span else 0.0,
-               delivered=done / span if span else 0.0, queue_growth=queue.growth(t0, t1),
-               in_system_growth=system.growth(t0, t1))
+    offered = (n - 1) / span if span else 0.0
+    win = dict(start=t0, end=t1, requests=n, warmup=e, offered=offered, delivered=done / span if span else 0.0,
+               queue_growth=_growth(queue, t0, t1), in_system_growth=_growth(system, t0, t1))
     if span > 0 and queue.grew(t0, t1, n):
-        return SteadyWindow("overloaded", f"no steady state: the queue (requests waiting for their first token) grew "
-                                          f"for the whole run, to {queue.at(t1)} at the last arrival, of {n} "
-                                          f"requests offered at {(n - 1) / span:.3g}/s", **win)
+        return SteadyWindow("overloaded", f"no steady state: {n} requests offered at {offered:.3g}/s; "
+                                          f"{_grew('queue', queue, t0, t1)} for the whole run", **win)
     if not math.isfinite(e):
         why = "requests of its first half were still running at its end"
     else:
@@ -149,11 +157,11 @@ def run_length(*, e2e: float | None = None, rate: float | None = None, concurren
     """Requests a run needs to reach and measure a steady window: an open loop at `rate` whose requests take `e2e`
     seconds, or a closed loop of `concurrency` users (see the module docstring)."""
     if concurrency is not None:
-        n = (2 + MEASURED) * concurrency + 2 * MIN_REQUESTS
+        n = (2 + MEASURED) * concurrency + MIN_MEASURED
     else:
         if not (e2e is not None and e2e > 0 and math.isfinite(e2e)):
             raise ValueError(f"an end-to-end latency must be a positive number of seconds, got {e2e}")
-        measured = max(MEASURED * e2e * rate, 2 * MIN_REQUESTS)  # twice: the warm-up under load is the longer
+        measured = max(MEASURED * e2e * rate, MIN_MEASURED)
         n = math.ceil(2 * e2e * rate + measured)
     return min(n, MAX_REQUESTS)
 
