@@ -37,8 +37,9 @@ class _Layers:
     """Op factory bound to one model, quantisation and step; one method per sublayer."""
 
     def __init__(self, model: ModelConfig, quant: QuantScheme, q: Queries, prefill: bool = False,
-                 code: ModelCode = ModelCode()):
+                 code: ModelCode = ModelCode(), local_routing: bool = False):
         self.m, self.quant, self.q, self.prefill, self.code = model, quant, q, prefill, code
+        self.local_routing = local_routing
         self.t = q.tokens
         self.kv_row = accounting.kv_row_bytes(model, quant)
         self.idx_row = accounting.indexer_row_bytes(model, quant) if model.has_indexer else 0.0
@@ -275,9 +276,13 @@ class _Layers:
         experts, init_routing (expand + sort by expert, INT8 per row when the experts take INT8: quant_mode 1) and
         re_routing (the received rows by local expert); after them the un-sort of their BF16 outputs
         (index_select). Decode's fused dispatch / combine route inside the communication kernel: none there. The
-        finalize_routing that restores the tokens' order and weights the rows is moe_combine."""
-        if not self.prefill:
+        finalize_routing that restores the tokens' order and weights the rows is moe_combine. With `local_routing`
+        (MoE TP without EP: no dispatch kernel routes the rows) decode runs the init_routing too (vllm-ascend's
+        all-gather path: npu_moe_init_routing_v2 before the grouped matmuls)."""
+        if not self.prefill and not (self.local_routing and first == "moe_init_routing"):
             return []
+        if not self.prefill:
+            second = ""  # the rows never left the rank: nothing to re-route or un-sort
         h, out = self.m.hidden_size, act if act.dtype == "int8" else BF16
 
         def permute(name: str, src: Storage) -> Op:
@@ -411,13 +416,14 @@ def _check(model: ModelConfig, phase: str, batch: int, length: int, mtp_tokens: 
 
 def build_graph(model: ModelConfig, phase: str, batch: int, length: int, *, mtp_tokens: int = 0,
                 quant: str | QuantScheme | None = None, cached: int = 0, dense_prefill: bool = False,
-                code: ModelCode = ModelCode()) -> ModelGraph:
+                code: ModelCode = ModelCode(), local_routing: bool = False) -> ModelGraph:
     """The op graph of one prefill (`length` = prompt tokens per sequence computed now, on top of `cached` already in
     each sequence's cache: a prefix-cache hit or earlier chunks) or one decode step (`length` = context: keys the
     first new token sees, itself included; with MTP, 1 + mtp_tokens queries per sequence). `dense_prefill` builds a
     V3.2 prefill in MHA mode as V3.1's (kv_b up-projection, causal flash attention), the indexer only writing its key
     cache, instead of Lightning Indexer + sparse attention (models.md §1.4). `code`: the ops the deployment's model
-    code adds (the plan's model_code)."""
+    code adds (the plan's model_code). `local_routing`: a decode step's MoE routes its rows itself (init_routing),
+    as MoE TP without EP does (no dispatch kernel routes them)."""
     _check(model, phase, batch, length + cached, mtp_tokens)
     if cached < 0 or (cached and phase != "prefill"):
         raise NpusimError(f"cached tokens are a prefill quantity >= 0, got {cached} for {phase}", field="cached")
@@ -426,7 +432,7 @@ def build_graph(model: ModelConfig, phase: str, batch: int, length: int, *, mtp_
     mha = prefill and (dense_prefill or not model.has_indexer)
     q = Queries(batch=batch, first=cached + 1, per_seq=length) if prefill else \
         Queries(batch=batch, first=length, per_seq=1 + mtp_tokens)
-    f = _Layers(model, scheme, q, prefill, code)
+    f = _Layers(model, scheme, q, prefill, code, local_routing)
     head_tokens = batch if prefill else q.tokens  # prefill needs logits of the last position only
     groups: dict[str, list[int]] = {}
     for layer in range(model.num_hidden_layers):
@@ -442,7 +448,8 @@ def build_graph(model: ModelConfig, phase: str, batch: int, length: int, *, mtp_
             ops = f.mtp(mtp_layer, mha, head_tokens)  # fills the MTP layer's cache over the whole prompt
             repeat = 1
         else:
-            ops = _Layers(model, scheme, Queries(batch=batch, first=length, per_seq=1), code=code).mtp(mtp_layer, False,
+            ops = _Layers(model, scheme, Queries(batch=batch, first=length, per_seq=1), code=code,
+                          local_routing=local_routing).mtp(mtp_layer, False,
                                                                                                         batch)
             repeat = mtp_tokens  # one draft token per pass
         layers.append(LayerGraph(name="mtp", ops=tuple(ops), layers=(mtp_layer,), repeat=repeat))

@@ -305,7 +305,7 @@ def _shard(model: ModelConfig, plan: Plan, phase: str, batch: int, length: int, 
     mtp = plan.mtp.depth
     dense = phase == "prefill" and plan.prefill_attention.dense(cached + length)
     graph = build_graph(model, phase, per_replica, length, mtp_tokens=mtp, quant=quant, cached=cached,
-                        dense_prefill=dense, code=plan.model_code)
+                        dense_prefill=dense, code=plan.model_code, local_routing=tp_experts(inst))
     token_scale = 1.0 / a.cp if phase == "prefill" else 1.0
     tokens = graph.scenario["tokens"] * token_scale
     seq_tokens = graph.scenario["tokens"]
