@@ -83,14 +83,21 @@ def _by_name(option: str, load, name, overrides):
 def predict(hw: str = DEFAULT["hw"], model: str = DEFAULT["model"], plan: str = DEFAULT["plan"], *,
             input: int = DEFAULT["input"], output: int = DEFAULT["output"], batch: int = DEFAULT["batch"],
             prefill_batch: int = 1, context: int | None = None, quant: str | None = DEFAULT["quant"],
-            overrides: dict[str, str] | None = None) -> Prediction:
+            prefix_hit: float = 0.0, overrides: dict[str, str] | None = None) -> Prediction:
     """TTFT of `prefill_batch` prompts of `input` tokens, and TPOT of a decode step of the global `batch` at
     `context` (default: input + output / 2, the mean context while generating). A decode-only plan (no prefill
-    instance, not colocated) has no TTFT: the prediction's prefill figures are None and its notes say why."""
+    instance, not colocated) has no TTFT: the prediction's prefill figures are None and its notes say why.
+
+    `prefix_hit` (a fraction in [0, 1)): that share of each prompt is already cached (a shared prefix, the radix
+    cache): the prefill computes only the rest, attending to the cached blocks, and only the rest crosses to the
+    decode pool (its radix cache holds the prefix); the cache memory still counts the whole prompt."""
     for name, value in (("--input", input), ("--output", output), ("--batch", batch),
                         ("--prefill-batch", prefill_batch)):
         if value < 1:
             raise NpusimError(f"must be a positive whole number, got {value}", field=name)
+    if not 0.0 <= prefix_hit < 1.0:
+        raise NpusimError(f"must be a fraction in [0, 1), got {prefix_hit}", field="--prefix-hit")
+    hit = math.floor(prefix_hit * input)
     setup = load_setup(hw, model, plan, quant, overrides)
     system, cfg, pl, scheme = setup.system, setup.model, setup.plan, setup.quant
     ctx = context if context is not None else input + output // 2
@@ -111,7 +118,7 @@ def predict(hw: str = DEFAULT["hw"], model: str = DEFAULT["model"], plan: str = 
                 mems[side] = mem
             steps[phase] = af.as_step()
             continue
-        chunks = _chunks(length, pl.prefill_chunk if phase == "prefill" else 0)
+        chunks = _chunks(length, pl.prefill_chunk if phase == "prefill" else 0, hit if phase == "prefill" else 0)
         timed = []
         for cached, size in chunks:
             step = shard(cfg, pl, phase, batch=b, length=size, quant=scheme, cached=cached)
@@ -127,7 +134,8 @@ def predict(hw: str = DEFAULT["hw"], model: str = DEFAULT["model"], plan: str = 
     dies = system.chip_spec.dies
     dec = pl.instance("decode")
     decode_chips = (dec.ranks + dec.ffn_ranks) * dec.instances / dies
-    transfer = kv_transfer(cfg, pl, system, scheme, input, chunk_times.get("prefill")) if pl.disaggregated else 0.0
+    transfer = kv_transfer(cfg, pl, system, scheme, input, chunk_times.get("prefill"), hit) if pl.disaggregated \
+        else 0.0
     accepted = 1.0 + pl.mtp.acceptance
     tpot = steps["decode"].time / accepted
     chip = system.chip_spec
@@ -147,17 +155,19 @@ def predict(hw: str = DEFAULT["hw"], model: str = DEFAULT["model"], plan: str = 
             joules["prefill"] = energy["prefill"].joules * pre.ranks / (prefill_batch * input)
     return Prediction(
         system=system.name, model=cfg.name, plan=pl.name, quant=scheme.name,
-        scenario={"input": input, "output": output, "batch": batch, "prefill_batch": prefill_batch, "context": ctx},
+        scenario={"input": input, "output": output, "batch": batch, "prefill_batch": prefill_batch, "context": ctx,
+                  "prefix_hit": prefix_hit},
         decode=steps["decode"], kv_transfer=transfer, tpot=tpot, decode_step=steps["decode"].time,
         decode_chips=decode_chips, memory=mems, tokens_per_s_per_chip=batch / tpot / decode_chips,
         overrides=dict(overrides or {}), energy=energy, joules_per_token=joules, af=af, **prefill)
 
 
-def _chunks(length: int, chunk: int) -> list[tuple[int, int]]:
-    """(cached, size) of each chunk of a prompt: the whole prompt when `chunk` is 0 or not smaller."""
-    if not chunk or chunk >= length:
-        return [(0, length)]
-    return [(start, min(chunk, length - start)) for start in range(0, length, chunk)]
+def _chunks(length: int, chunk: int, cached: int = 0) -> list[tuple[int, int]]:
+    """(cached, size) of each chunk of a prompt whose first `cached` tokens are in the cache already: the rest whole
+    when `chunk` is 0 or not smaller."""
+    if not chunk or chunk >= length - cached:
+        return [(cached, length - cached)]
+    return [(start, min(chunk, length - start)) for start in range(cached, length, chunk)]
 
 
 def chained(steps: list[StepTime]) -> StepTime:
@@ -206,11 +216,12 @@ def _check_plan(cfg: ModelConfig, pl: Plan, system: System) -> None:
 
 
 def kv_transfer(cfg: ModelConfig, pl: Plan, system: System, scheme, input: int,
-                chunk_times: list[float] | None = None) -> float:
-    """Seconds one request's caches (`input` tokens) still take to reach the decode rank once its prefill ends:
-    the slowest of sender egress, link and receiver ingress (`parallel.transfer`), each prefill chunk sent as its
-    forward ends (`chunk_times`: the chunks' step times in order; None: one chunk)."""
+                chunk_times: list[float] | None = None, cached: int = 0) -> float:
+    """Seconds one request's caches (`input` tokens, the first `cached` already held on both sides) still take to
+    reach the decode rank once its prefill ends: the slowest of sender egress, link and receiver ingress
+    (`parallel.transfer`), each prefill chunk sent as its forward ends (`chunk_times`: the chunks' step times in
+    order; None: one chunk)."""
     path = kv_path(cfg, pl, system, scheme)
-    chunks = _chunks(input, pl.prefill_chunk)
+    chunks = _chunks(input, pl.prefill_chunk, cached)
     ends = itertools.accumulate(chunk_times or [0.0] * len(chunks))
     return exposed(path, [(size, end) for (_, size), end in zip(chunks, ends)])

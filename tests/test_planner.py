@@ -86,3 +86,18 @@ def test_cli_plan_bad_input_is_one_sentence(cli, args, needle):
     r = cli("plan", "--input", "1024", "--output", "64", *args)
     assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_a_prefix_hit_reaches_the_planners_predictions_and_commands(tmp_path):
+    """--prefix-hit is planned for: every frontier plan's TTFT comes from predict with the same hit (shorter than
+    without), and the printed predict / serve commands carry it."""
+    from npusim.planner.search import commands
+
+    cold = search(slo=Slo(1e3, 1e3), **SMALL)
+    warm = search(slo=Slo(1e3, 1e3), prefix_hit=0.5, **SMALL)
+    assert warm.scenario.prefix_hit == 0.5
+    assert min(c.ttft for c in warm.frontier) < min(c.ttft for c in cold.frontier)
+    assert all("--prefix-hit 0.5" in line for line in commands(warm, tmp_path / "plan.yaml"))
+    with pytest.raises(NpusimError, match=r"\[0, 1\)"):
+        search(slo=Slo(1e3, 1e3), prefix_hit=-0.1, **SMALL)

@@ -104,3 +104,24 @@ def test_transfers_into_one_decode_rank_queue_on_its_ingress(users, prefill_rank
     for _, rank in r.groupby("decode_rank"):
         landed = rank.kv_ready.sort_values().to_numpy()
         assert all(b - a >= one * (1 - 1e-9) for a, b in zip(landed, landed[1:]))
+
+
+def test_a_prefix_hit_removes_its_prefill_work_and_transfer_in_predict_and_serve():
+    """Half of a 4K prompt cached: predict's prefill computes the other half against the cached blocks and only it
+    crosses to the decode pool; a lone served request pays the same transfer."""
+    s = setup_of("v32-a3-pd-a17")
+    whole = api.predict("cloudmatrix384", "deepseek-v3.2-exp", "v32-a3-pd-a17", input=4096, batch=128, quant="w8a8c8")
+    half = api.predict("cloudmatrix384", "deepseek-v3.2-exp", "v32-a3-pd-a17", input=4096, batch=128, quant="w8a8c8",
+                      prefix_hit=0.5)
+    assert half.prefill.time < whole.prefill.time
+    assert half.kv_transfer == pytest.approx(api.kv_transfer(s.model, s.plan, s.system, s.quant, 2048), rel=1e-12)
+    assert half.kv_transfer < whole.kv_transfer and half.scenario["prefix_hit"] == 0.5
+    assert half.memory["prefill"].kv_cache == whole.memory["prefill"].kv_cache  # cached blocks keep their memory
+    cap = Capacity(kv_bytes_per_token=70e3, kv_capacity=20e9, max_batch=8, token_budget=16384)
+    link = kv_link(s)
+    d = Deployment(prefill=Pool(), decode=Pool(), link=link, scheduler=Scheduler("sglang"))
+    r = simulate(d, ClosedLoop(1, Fixed(4096), Fixed(3), prefix_hit=0.5), AnalyticStepModel(cap), seed=0,
+                 requests=2).requests
+    assert (r.kv_ready - r.prefill_end).tolist() == pytest.approx([link.time(2048, 70e3)] * 2, rel=1e-12)
+    with pytest.raises(Exception, match=r"\[0, 1\)"):
+        api.predict(prefix_hit=1.0)

@@ -26,6 +26,9 @@ def register(sub) -> None:
     p.add_argument("--hw", default=SCENARIO["hw"], help="system")
     p.add_argument("--input", type=int, default=SCENARIO["input"], help="prompt tokens")
     p.add_argument("--output", type=int, default=SCENARIO["output"], help="output tokens")
+    p.add_argument("--prefix-hit", type=float, default=0.0,
+                   help="share of each prompt already in the prefix cache, in [0, 1): the plans are predicted and "
+                        "served with it (default 0)")
     p.add_argument("--slo", default="ttft=2s,tpot=30ms", help="targets, e.g. ttft=2s,tpot=30ms (default)")
     p.add_argument("--max-chips", type=common.finite, default=None, help="chip budget for both instances (default: the system)")
     p.add_argument("--quant", default=SCENARIO["quant"], help="quantisation preset ('model' = checkpoint format)")
@@ -103,7 +106,7 @@ def run(args) -> None:
     space = SearchSpace(min_ranks=min(sizes, default=8), sizes=sizes, mtp_depths=depths)
     result = search(args.hw, args.model, input=args.input, output=args.output, slo=slo, max_chips=args.max_chips,
                     quant=quant, overrides=overrides, workers=args.workers, space=space, load=traffic,
-                    percentile=args.percentile, colocated=args.colocated, progress=True)
+                    percentile=args.percentile, colocated=args.colocated, progress=True, prefix_hit=args.prefix_hit)
     system = load_system(args.hw, api.split_overrides(overrides)["hw"])
     params = CostParams()
     per_chip_s = chip_usd_per_second(system.power_per_chip, system.price_per_chip, params) / params.utilisation

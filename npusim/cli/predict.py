@@ -26,6 +26,9 @@ def register(sub) -> None:
     p.add_argument("--batch", type=int, default=d["batch"], help=f"global decode batch (default {d['batch']})")
     p.add_argument("--prefill-batch", type=int, default=1, help="prompts prefilled together for TTFT (default 1)")
     p.add_argument("--context", type=int, default=None, help="decode context (default input + output/2)")
+    p.add_argument("--prefix-hit", type=float, default=0.0,
+                   help="share of each prompt already in the prefix cache, in [0, 1): not recomputed, not "
+                        "transferred to the decode pool, still held in the cache (default 0)")
     p.add_argument("--quant", default=d["quant"], help=f"quantisation preset (default {d['quant']}; 'model' = the "
                                                        "checkpoint's own format)")
     p.add_argument("--top", type=int, default=12, help="rows of the per-op breakdown to print (table format)")
@@ -71,7 +74,7 @@ def run(args) -> None:
 
     pred = api.predict(args.hw, args.model, args.plan, input=args.input, output=args.output, batch=args.batch,
                        prefill_batch=args.prefill_batch, context=args.context,
-                       quant=None if args.quant == "model" else args.quant,
+                       quant=None if args.quant == "model" else args.quant, prefix_hit=args.prefix_hit,
                        overrides=common.parse_overrides(args.overrides))
     if args.trace:
         Path(args.trace).write_text(json.dumps(pred.chrome_trace()))
@@ -89,7 +92,8 @@ def run(args) -> None:
         return
     s = pred.scenario
     print(f"{pred.model} on {pred.system}, plan {pred.plan}, {pred.quant}: input {s['input']}, output {s['output']}, "
-          f"decode batch {s['batch']} at context {s['context']}, prefill batch {s['prefill_batch']}")
+          f"decode batch {s['batch']} at context {s['context']}, prefill batch {s['prefill_batch']}"
+          + (f", prefix hit {s['prefix_hit']:g}" if s.get("prefix_hit") else ""))
     if pred.prefill is None:
         print("TTFT        none   (" + "; ".join(pred.notes) + ")")
     else:

@@ -91,7 +91,7 @@ def _serve(sc, doc: dict, plan_file, describe: str, batch: int, dp: int, slo: Sl
         ranks = setup.plan.ranks
         chips = ranks / setup.system.chip_spec.dies
         served = ServedPlan.of(setup, max_batch=math.ceil(batch / dp), token_budget=min(sc.input, chunk))
-        load = ClosedLoop(batch, Fixed(sc.input), Fixed(sc.output))
+        load = ClosedLoop(batch, Fixed(sc.input), Fixed(sc.output), prefix_hit=sc.prefix_hit)
         summary = served.run(load, seed=seed, requests=max(requests, run_length(concurrency=batch)), slo=slo).summary
     except NpusimError as exc:
         return Mixed("co-located", describe, 0, 0.0, batch, error=exc.detail)
@@ -112,7 +112,7 @@ def _prompt_alone(sc, lay: Layout, plan_file, chunk: int) -> tuple[float, str]:
     doc = colocated_doc(lay) | ({"prefill_chunk": chunk} if chunk < sc.input else {})
     try:
         return api.predict(sc.hw, sc.model, plan_file(doc), input=sc.input, output=sc.output, batch=lay.dp,
-                           quant=sc.quant, overrides=dict(sc.overrides)).ttft, ""
+                           quant=sc.quant, prefix_hit=sc.prefix_hit, overrides=dict(sc.overrides)).ttft, ""
     except NpusimError as exc:
         return math.inf, exc.detail
 

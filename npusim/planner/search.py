@@ -60,6 +60,7 @@ class Scenario:
     output: int
     quant: str | None = "bf16"
     overrides: tuple[tuple[str, str], ...] = ()
+    prefix_hit: float = 0.0  # share of each prompt already in the prefix cache (api.predict's prefix_hit)
 
     @property
     def context(self) -> int:
@@ -95,10 +96,10 @@ class Traffic:
         except NpusimError as exc:
             raise NpusimError(exc.detail, field=f"--{exc.field}") from None
 
-    def load(self, input: int, output: int) -> OpenLoop | ClosedLoop:
+    def load(self, input: int, output: int, prefix_hit: float = 0.0) -> OpenLoop | ClosedLoop:
         if self.rate is not None:
-            return OpenLoop(self.rate, Fixed(input), Fixed(output))
-        return ClosedLoop(self.concurrency, Fixed(input), Fixed(output))
+            return OpenLoop(self.rate, Fixed(input), Fixed(output), prefix_hit=prefix_hit)
+        return ClosedLoop(self.concurrency, Fixed(input), Fixed(output), prefix_hit=prefix_hit)
 
     def sized(self, e2e: float) -> Traffic:
         """This load over as many requests as a steady window needs when a request takes `e2e` seconds (a plan's
@@ -269,7 +270,8 @@ def _predict_role(sc: Scenario, layout: Layout, role: str, batch: int, workdir: 
               else {"input": 1, "batch": batch, "context": sc.context})
     try:
         p = api.predict(sc.hw, sc.model, _plan_file(doc, workdir), output=sc.output, quant=sc.quant,
-                        overrides=dict(sc.overrides), **kwargs)
+                        prefix_hit=sc.prefix_hit if role == "prefill" else 0.0, overrides=dict(sc.overrides),
+                        **kwargs)
     except NpusimError as exc:
         return PhasePoint(layout, batch, error=exc.detail)
     if role == "prefill":
@@ -394,7 +396,8 @@ def _exact(sc: Scenario, slo: Slo, budget: Budget, cand: Candidate, workdir: str
     transfer over the tier the pools span), the pools sized again from those figures until they stay put."""
     for _ in range(3):
         p = api.predict(sc.hw, sc.model, _plan_file(candidate_plan(cand), workdir), input=sc.input,
-                        output=sc.output, batch=cand.batch, quant=sc.quant, overrides=dict(sc.overrides))
+                        output=sc.output, batch=cand.batch, quant=sc.quant, prefix_hit=sc.prefix_hit,
+                        overrides=dict(sc.overrides))
         sized = _sized(sc, slo, budget, cand.prefill, cand.decode, p.ttft, p.tpot, p.prefill.time, exact=True)
         settled = sized.pools.prefill == cand.pools.prefill and sized.pools.decode == cand.pools.decode
         cand = replace(sized, decode_tokens_per_s_per_chip=p.tokens_per_s_per_chip)
@@ -420,7 +423,7 @@ def _serve(sc: Scenario, cand: Candidate, slo: Slo, traffic: Traffic, workdir: s
     try:
         served = ServedPlan.of(api.load_setup(sc.hw, sc.model, plan, sc.quant, dict(sc.overrides)),
                                **cand.scheduler(sc))
-        summary = served.run(traffic.load(sc.input, sc.output), seed=traffic.seed, requests=traffic.requests,
+        summary = served.run(traffic.load(sc.input, sc.output, sc.prefix_hit), seed=traffic.seed, requests=traffic.requests,
                              slo=slo).summary
     except NpusimError as exc:  # e.g. no HBM left for the KV cache beside the planned batch
         return Served(cand, error=exc.detail, traffic=traffic)
@@ -467,14 +470,16 @@ def search(hw: str, model: str, *, input: int, output: int, slo: Slo, max_chips:
            quant: str | None = "bf16", overrides: dict[str, str] | None = None, space: SearchSpace | None = None,
            workers: int | None = None, prune: bool = True, closest: int = 5,
            load: Traffic | None = None, percentile: str = "p99", colocated: bool = True,
-           progress: bool = False) -> SearchResult:
+           progress: bool = False, prefix_hit: float = 0.0) -> SearchResult:
     """Search disaggregated plans for `model` on `hw`; see the module docstring for how. With a `load`, the
     recommended plan is the cheapest on the frontier that also meets the SLO under it in the serving simulation.
     `colocated`: also serve co-located deployments of the frontier's decode layouts and say which wins
     (`planner.colocated`)."""
     if slo.ttft is None or slo.tpot is None:
         raise NpusimError("the planner needs both a ttft and a tpot limit, e.g. ttft=2s,tpot=30ms", field="--slo")
-    sc = Scenario(hw, model, input, output, quant, tuple(sorted((overrides or {}).items())))
+    if not 0.0 <= prefix_hit < 1.0:
+        raise NpusimError(f"must be a fraction in [0, 1), got {prefix_hit}", field="--prefix-hit")
+    sc = Scenario(hw, model, input, output, quant, tuple(sorted((overrides or {}).items())), prefix_hit)
     system = load_system(hw, api.split_overrides(overrides)["hw"])
     dies = system.chip_spec.dies
     budget = system.ranks if max_chips is None else min(system.ranks, int(max_chips * dies))
@@ -556,6 +561,7 @@ def commands(result: SearchResult, path: str | Path) -> list[str]:
     c, sc = result.recommended, result.scenario
     common = f"--hw {sc.hw} --model {sc.model} --plan {path} --input {sc.input} --output {sc.output}"
     tail = f" --quant {sc.quant or 'model'}" + "".join(f" --set {k}={v}" for k, v in sc.overrides)
+    tail += f" --prefix-hit {sc.prefix_hit:g}" if sc.prefix_hit else ""
     limits = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in c.scheduler(sc).items())
     return [f"npusim predict {common} --batch {c.batch}{tail}",
             f"npusim serve {common} {served_load(result).args()} {limits} --slo {result.slo}{tail}"]

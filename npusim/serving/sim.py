@@ -299,8 +299,8 @@ class Rank:
                     self.complete(r, now)
         sim = self.instance.sim
         for r, n in chunks:
-            if r.dest is not None:  # SGLang: each chunk's cache is sent as its forward ends (the prefix with the first)
-                sim.send(r, self, n + (r.prefix_hit if r.prefilled == r.prefix_hit else 0))
+            if r.dest is not None:  # SGLang: each chunk's cache is sent as its forward ends (the decode side's
+                sim.send(r, self, n)  # radix cache holds the prefix)
             r.prefilled += n
             if r.prefilled < r.prompt:
                 continue
@@ -469,7 +469,7 @@ class _Simulation:
 
     def transfer(self, r: Request, dst: Rank):
         """vLLM PD: the decode rank, having allocated r's blocks, pulls its whole cache from the prefill rank."""
-        yield from self.move(r.holder, dst, r.kv)
+        yield from self.move(r.holder, dst, r.kv - r.prefix_hit)  # the prefix is in the decode side's cache
         self.deliver(r, dst)
 
     def send(self, r: Request, src: Rank, tokens: int) -> None:
