@@ -487,3 +487,87 @@ def test_extracted_flag_sets_name_their_package():
     sgl = json.loads((root / "sglang-0.5.23.json").read_text())["flags"]
     assert sgl["--attn-cp-size"]["names"] == ["--attn-cp-size", "--attention-context-parallel-size"]
     assert sgl["--enable-dp-attention"]["deprecated"] and "--enable-dsa-prefill-context-parallel" not in sgl
+
+
+def _read_back(out, tmp_path, name="launch"):
+    from npusim.deploy.read import read_launch
+    from npusim.planner.space import MTP_ACCEPTANCE
+    path = tmp_path / f"{name}.sh"
+    path.write_text(out.script())
+    return read_launch(path, MTP_ACCEPTANCE, 16)
+
+
+def _load_tree(tree, tmp_path, name):
+    import yaml
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(tree, sort_keys=False))
+    return str(path)
+
+
+def _fields(plan, role):
+    """The parts of a role a launch carries: layout, instances, the splits of every layer, MTP depth, graph mode."""
+    inst = plan.instance(role)
+    a, st = inst.attention, plan.streams_of("prefill" if role == "prefill" else "decode")
+    return {"layout": (inst.ranks, inst.pp, inst.instances, a.dp, a.tp, a.cp), "moe.ep": inst.moe.ep,
+            "o_proj_tp": inst.o_proj_group, "dense_tp": inst.dense_tp, "embed_tp": inst.embed_tp,
+            "lm_head_tp": inst.lm_head_tp, "mtp": plan.mtp.depth if role != "prefill" else None,
+            "streams.graph_mode": st.graph_mode}
+
+
+def _noted(notes, role, field):
+    head = {"layout": ("attention", "ffn_ranks", ":"), "moe.ep": ("moe.ep",), "streams.graph_mode": ("streams",)}
+    keys = head.get(field, (field,))
+    return any(n.split(":")[0].startswith(role) and any(k in n.split(":")[0] for k in keys) for n in notes) or \
+        any(n.startswith("the plan is decode-only") for n in notes)
+
+
+def test_emitted_launches_read_back_as_their_plans(tmp_path):
+    """plan -> emit -> read: every shipped plan and the README's, in both frameworks, reads back as the same plan in
+    every part the launch carries (the parts the launch says it cannot express excepted)."""
+    compared = 0
+    for name, setup, quant in _setups(tmp_path):
+        if quant == "w8a8c8":
+            continue
+        for framework in ("sglang", "vllm-ascend"):
+            out = launch(framework, setup.plan, setup.model, setup.quant, setup.system, LIMITS)
+            dep = _read_back(out, tmp_path)
+            assert not dep.unknown and not dep.unmodelled, (name, framework, dep.unknown, dep.unmodelled)
+            back = api.load_setup(setup.system.name, setup.model.name, _load_tree(dep.plan, tmp_path, name),
+                                  setup.quant.name, {"chips": str(setup.system.chips)} if "a2" in name else None)
+            pl = setup.plan  # the emitter's roles: prefill and decode, one mixed server, or decode servers only
+            roles = [("prefill", "prefill"), ("decode", "decode")] if pl.disaggregated else \
+                [("decode", "mixed" if pl.runs_prefill else "decode")]
+            for role, server in roles:
+                want, got = _fields(setup.plan, role), _fields(back.plan, role)
+                for field_, value in want.items():
+                    if not _noted(out.notes, server, field_) and field_ != "mtp":
+                        assert got[field_] == value, (name, framework, role, field_, value, got[field_])
+                        compared += 1
+            assert back.plan.mtp.depth == setup.plan.mtp.depth, (name, framework)
+            assert dep.context_length == LIMITS.context_length
+    assert compared > 200, compared
+
+
+@pytest.mark.slow
+def test_a_read_launch_predicts_as_its_plan(tmp_path):
+    """The same prediction through the launch: SGLang's R1 PD deployment, vLLM-Ascend's V3.2 1P1D tutorial."""
+    tutorial = tmp_path / "v32-tutorial.yaml"
+    tutorial.write_text("prefill: {ranks: 32, attention: {dp: 2, cp: 16}, moe: {ep: 32}, embed_tp: 16, lm_head_tp: 16,"
+                        " o_proj_tp: 16, dense_tp: 16}\n"
+                        "decode: {ranks: 32, attention: {dp: 8, tp: 4}, moe: {ep: 32}, embed_tp: 4, lm_head_tp: 4,"
+                        " o_proj_tp: 4, dense_tp: 4}\nmtp: {depth: 3, acceptance: 1.44}\n")
+    for framework, plan, quant in (("sglang", "r1-a3-sglang-pd-tp2", "w8a8"),
+                                   ("vllm-ascend", str(tutorial), "w8a8c8")):
+        model = MODEL[Path(plan).name.split("-")[0]]
+        setup = api.load_setup("cloudmatrix384", model, plan, quant)
+        out = launch(framework, setup.plan, setup.model, setup.quant, setup.system, LIMITS)
+        dep = _read_back(out, tmp_path, framework)
+        same = {"plan.mtp.acceptance": str(setup.plan.mtp.acceptance)}  # not a launch flag
+        if framework == "vllm-ascend":
+            same["plan.prefill.streams.graph_mode"] = "false"  # the launch runs the P node eager (said in its notes)
+        want = api.predict("cloudmatrix384", model, plan, input=4096, output=1024, batch=dep.batch, quant=quant,
+                           overrides=same if framework == "vllm-ascend" else None)
+        got = api.predict("cloudmatrix384", model, _load_tree(dep.plan, tmp_path, framework), input=4096,
+                          output=1024, batch=dep.batch, quant=dep.quant, overrides=same)
+        assert dep.batch == LIMITS.max_batch * setup.plan.decode.attention.dp * setup.plan.decode.instances
+        assert (got.ttft, got.tpot) == pytest.approx((want.ttft, want.tpot), rel=1e-9), (framework, plan)

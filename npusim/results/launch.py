@@ -358,6 +358,9 @@ def _vllm_role(ctx: _Context, role: str, inst: Instance) -> tuple[Args, dict]:
                          f"divide the {cfg.num_attention_heads} attention heads; each {inst.ranks}-rank {role} "
                          f"instance runs as {a.cp // tp} servers of DSA-CP {tp}, so a prompt is split over {tp} "
                          f"ranks, not {a.cp}, and its prefill takes longer than npusim predicted")
+                if inst.moe.ep == inst.stage_ranks:
+                    ctx.note(f"{role}.moe.ep {inst.moe.ep}: split into those servers, each runs its experts over "
+                             f"its own {tp} ranks (EP {tp})")
         else:
             ctx.note(f"{role}.attention.cp {a.cp}: vLLM-Ascend supports no prefill context parallelism here "
                      "(DSA-CP needs a DSA model with attention TP 1); run as TP")
@@ -408,6 +411,9 @@ def _vllm_role(ctx: _Context, role: str, inst: Instance) -> tuple[Args, dict]:
     if drafts:
         args.append(("--speculative-config", _json({"num_speculative_tokens": drafts, "method": "deepseek_mtp"})))
     if role == "prefill" or not ctx.streams(role).graph_mode:
+        if ctx.streams(role).graph_mode:
+            ctx.note(f"{role}.streams.graph_mode: vLLM-Ascend captures graphs for decode only (FULL_DECODE_ONLY, as "
+                     "its PD tutorial runs the P node eagerly); the prefill runs eager, each kernel launched")
         args.append(("--enforce-eager", None))
     else:
         args.append(("--compilation-config", _json({"cudagraph_mode": "FULL_DECODE_ONLY"})))
