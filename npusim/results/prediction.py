@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from npusim.parallel.af import AfStep
 from npusim.parallel.memory import Memory
 from npusim.parallel.step import StepTime
 from npusim.results.energy import StepEnergy
+
+if TYPE_CHECKING:  # pandas loads when a table is asked for, not with every prediction (issue 30)
+    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,8 @@ class Prediction:
     def breakdown(self, phase: str = "decode") -> pd.DataFrame:
         """Per op and per collective of `phase` (default decode, the step TPOT comes from): time per call, total over
         the repeated layers, share of the step in % (share_pct), its bound and roofline."""
+        import pandas as pd
+
         step = self.prefill if phase == "prefill" else self.decode
         rows = []
         for lt in step.layers if step is not None else ():
@@ -122,6 +126,8 @@ class Prediction:
         return frame
 
     def phase_table(self) -> pd.DataFrame:
+        import pandas as pd
+
         rows = []
         for phase in self.phases:
             step, m = getattr(self, phase), self.memory[phase]
