@@ -75,22 +75,28 @@ def test_gqa_attention_tp_gathers_its_tokens_again(qwen3, tp16):
     gather = comms["attn_tp_all_gather"]
     assert (gather.after, gather.before) == ("attn_norm", "qkv_proj")
     assert gather.collective.bytes == 2048 * qwen3.hidden_size * 2
+    # head-parallel on the gathered tokens: 64 / 16 query heads, 4 KV heads over 16 dies = 1 each (replicated)
+    ops = {o.name: o for o in _moe_layer(step).ops}
+    assert (ops["qkv_proj"].shape["m"], ops["qkv_proj"].shape["n"]) == (2048, (4 + 2 * 1) * 128)
+    assert ops["qkv_proj"].weight_bytes == qwen3.hidden_size * 768  # INT8, the die's columns only
+    assert (ops["attention"].shape["heads"], ops["attention"].shape["kv_heads"]) == (4, 1)
+    assert ops["attention"].shape["tokens"] == 2048
 
 
 def test_qwen3_head_norm_runs_near_its_roofline(qwen3, tp16):
-    """Qwen3's per-head q / k RMSNorm ([tokens x 68 heads, 128] per die at TP16) runs in the backends' fused
-    split-norm-RoPE kernel, each step over a block of head rows: a chain per block, not 7 barrier'd instructions per
-    128-wide row (which put it at ~15x its roofline)."""
+    """Qwen3's per-head q / k RMSNorm ([2048 tokens x (4 q + 1 k) heads, 128] per die at TP16) runs in the backends'
+    fused split-norm-RoPE kernel, each step over a block of head rows: a chain per block, not 7 barrier'd
+    instructions per 128-wide row (which put it at ~15x its roofline)."""
     from npusim.kernels.catalog import kernel
     from npusim.engine import simulate
     from npusim.spec.chip import load_chip
 
     step = shard(qwen3, tp16, "prefill", batch=1, length=2048, quant=get_quant("w8a8"))
     op = next(o for o in _moe_layer(step).ops if o.name == "qk_head_norm")
-    assert op.kind == "head_rmsnorm" and op.shape["tokens"] * op.shape["heads"] == 128 * 68
+    assert op.kind == "head_rmsnorm" and (op.shape["tokens"], op.shape["heads"]) == (2048, 5)
     chip = load_chip("910c-die")
-    norm = kernel("rowwise", {"rows": 128 * 68, "dim": 128}, op="head_rmsnorm")
-    per_row = kernel("rowwise", {"rows": 128 * 68, "dim": 128})
+    norm = kernel("rowwise", {"rows": 2048 * 5, "dim": 128}, op="head_rmsnorm")
+    per_row = kernel("rowwise", {"rows": 2048 * 5, "dim": 128})
     assert norm.merged_chain(61) == 1 + 11 + 2  # the cast in, the block's steps, two 64-lane chunks
     assert per_row.chain(61) == 1 + 61 * 7
     roofline = norm.work().hbm_bytes / chip.hbm.bandwidth

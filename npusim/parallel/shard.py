@@ -2,7 +2,9 @@
 
 The graph builder gives the ops of a step for a batch. A rank under the plan sees:
 - attention side: its DP share of the sequences; under context parallelism 1/cp of the tokens (the zig-zag split
-  balances the causal work, so every token-proportional quantity divides by cp); heads split by attention TP. The
+  balances the causal work, so every token-proportional quantity divides by cp); heads split by attention TP (MLA
+  approximated as 1/tp of the tokens with every head; GQA cut exactly: the die's query and KV heads, the latter
+  replicated when fewer than the dies, on all of the group's tokens, GQA_HEADS). The
   latent path that has no head dimension (q_a / kv_a projections, their norms, the cache write) and the whole DSA
   indexer are replicated: every die of an attention-TP group runs them on the group's tokens (SGLang and vLLM build
   them as replicated linears);
@@ -62,6 +64,10 @@ SIDE_STREAM_OPS = ("shared_gate_up", "shared_swiglu", "shared_down")
 GATING = ("moe_gate_cast", "moe_gate", "moe_init_routing", "moe_combine")
 # up-projects (or repeats) every key the rank attends to: under CP the whole gathered sequence
 ALL_KEYS = ("kv_b_proj", "k_rope_repeat")
+# GQA's head-parallel attention under attention TP: each die runs its query heads and its KV heads (replicated when
+# the KV heads are fewer than the dies) on all of its group's tokens, as SGLang's / vLLM's QKVParallelLinear and
+# attention split them; cut from the graph of a model with the die's heads
+GQA_HEADS = ("qkv_proj", "qk_head_norm", "rope", "kv_cache_update", "attention")
 # no head dimension (the latent path), or never split (the DSA indexer: "no tensor parallel, just replicated" in
 # SGLang's and vLLM's Indexer)
 REPLICATED = ("q_a_proj", "q_norm", "kv_a_proj", "kv_proj", "kv_norm", "kv_cache_update", "idx_q_b_proj", "idx_k_proj",
@@ -176,6 +182,13 @@ def shard_op(op: Op, inst: Instance, model: ModelConfig, plan: Plan, token_scale
         return scale_op(op, tokens=token_scale, weights=1.0)
     # attention side: tokens by DP/CP share, heads split by attention TP (head-parallel approximation)
     return scale_op(op, tokens=die, weights=1.0 / a.tp)
+
+
+def rank_heads(model: ModelConfig, tp: int) -> ModelConfig:
+    """The GQA model one die of an attention-TP group runs: its share of the query heads, and of the KV heads (at least
+    one: with fewer KV heads than dies each is replicated, SGLang's QKVParallelLinear num_kv_head_replicas)."""
+    return dataclasses.replace(model, num_attention_heads=math.ceil(model.num_attention_heads / tp),
+                               num_key_value_heads=max(1, model.num_key_value_heads // tp))
 
 
 def _act_bytes(quant: QuantScheme) -> float:
@@ -311,8 +324,15 @@ def _shard(model: ModelConfig, plan: Plan, phase: str, batch: int, length: int, 
     seq_tokens = graph.scenario["tokens"]
     layers = []
     dropped = _unrouted(inst, tokens / a.tp)
+    heads = {}  # GQA under attention TP: the die's head-parallel ops, by layer and name
+    if model.is_gqa and a.tp > 1:
+        rank = build_graph(rank_heads(model, a.tp), phase, per_replica, length, mtp_tokens=mtp, quant=quant,
+                           cached=cached, dense_prefill=dense, code=plan.model_code, local_routing=tp_experts(inst))
+        heads = {(lg.name, op.name): scale_op(op, tokens=token_scale, weights=1.0)
+                 for lg in rank.layers for op in lg.ops if op.name in GQA_HEADS}
     for lg in graph.layers:
-        ops = tuple(shard_op(op, inst, model, plan, token_scale) for op in lg.ops if op.name not in dropped)
+        ops = tuple(heads.get((lg.name, op.name)) or shard_op(op, inst, model, plan, token_scale)
+                    for op in lg.ops if op.name not in dropped)
         comms = tuple(_comms(lg.name, ops, inst, model, quant, tokens, seq_tokens, phase, plan.model_code))
         layers.append(RankLayer(lg.name, ops, comms, lg.repeat, _offload_bytes(ops, plan, model, quant, phase)))
     return RankStep(phase=phase, instance=inst, sequences=per_replica * token_scale, tokens=math.ceil(tokens),
