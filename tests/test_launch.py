@@ -571,3 +571,161 @@ def test_a_read_launch_predicts_as_its_plan(tmp_path):
                           output=1024, batch=dep.batch, quant=dep.quant, overrides=same)
         assert dep.batch == LIMITS.max_batch * setup.plan.decode.attention.dp * setup.plan.decode.instances
         assert (got.ttft, got.tpot) == pytest.approx((want.ttft, want.tpot), rel=1e-9), (framework, plan)
+
+
+# Launch commands as the frameworks' docs print them (excerpts, the flags as written): SGLang's
+# docs/platforms/ascend/ascend_npu_best_practice.md @ 0d04dc9, "DeepSeek-V3.2 128K-1K 20ms on A3 32 Cards
+# Disaggregation Mode", and vLLM-Ascend 0.23.0.post1's docs/source/tutorials/models/DeepSeek-V3.2.md multi-node DP.
+SGLANG_V32_DOC = r"""
+export PYTORCH_NPU_ALLOC_CONF=expandable_segments:True
+P_IP=('your prefill ip1' 'your prefill ip2')
+D_IP=('your decode ip1' 'your decode ip2')
+MODEL_PATH=xxx
+for i in "${!P_IP[@]}";
+do
+    if [[ "$LOCAL_HOST1" == "${P_IP[$i]}" || "$LOCAL_HOST2" == "${P_IP[$i]}" ]];
+    then
+        export HCCL_BUFFSIZE=1200
+        python3 -m sglang.launch_server --model-path ${MODEL_PATH} \
+        --tp 32 \
+        --trust-remote-code \
+        --attention-backend ascend \
+        --device npu \
+        --watchdog-timeout 9000 \
+        --host ${P_IP[$i]} --port 8000 \
+        --mem-fraction-static 0.73 \
+        --disable-radix-cache --chunked-prefill-size -1 --max-prefill-tokens 68000 \
+        --max-running-requests 1 \
+        --moe-a2a-backend deepep --deepep-mode normal \
+        --quantization modelslim \
+        --disaggregation-transfer-backend ascend \
+        --disaggregation-mode prefill \
+        --disable-cuda-graph \
+        --nnodes 2 --node-rank $i \
+        --disaggregation-bootstrap-port 8995 \
+        --moe-dense-tp-size 1 \
+        --enable-nsa-prefill-context-parallel \
+        --nsa-prefill-cp-mode in-seq-split \
+        --attn-cp-size 32 \
+        --speculative-algorithm NEXTN --speculative-num-steps 1 --speculative-eagle-topk 1 --speculative-num-draft-tokens 2 \
+        --dist-init-addr ${P_IP[0]}:10000
+        break
+    fi
+done
+for i in "${!D_IP[@]}";
+do
+    if [[ "$LOCAL_HOST1" == "${D_IP[$i]}" || "$LOCAL_HOST2" == "${D_IP[$i]}" ]];
+    then
+        DP=8
+        export HCCL_BUFFSIZE=400
+        export SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK=8
+        python3 -m sglang.launch_server --model-path ${MODEL_PATH} \
+        --tp 32 \
+        --dp ${DP} \
+        --ep 32 \
+        --moe-dense-tp-size 1 \
+        --enable-dp-attention \
+        --enable-dp-lm-head \
+        --trust-remote-code \
+        --attention-backend ascend \
+        --device npu \
+        --watchdog-timeout 9000 \
+        --host ${D_IP[$i]} --port 8001 \
+        --mem-fraction-static 0.79 \
+        --disable-radix-cache \
+        --chunked-prefill-size -1 --max-prefill-tokens 68000 \
+        --max-running-requests 32 \
+        --cuda-graph-max-bs 4 \
+        --moe-a2a-backend deepep \
+        --deepep-mode low_latency \
+        --quantization modelslim \
+        --speculative-algorithm NEXTN --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 \
+        --disaggregation-transfer-backend ascend \
+        --disaggregation-mode decode \
+        --nnodes 2 --node-rank $i \
+        --dist-init-addr ${D_IP[0]}:10000
+        break
+    fi
+done
+python -m sglang_router.launch_router --pd-disaggregation --policy cache_aware --prefill http://P_IP1:8000 8995 \
+    --decode http://D_IP1:8001 --host 127.0.0.1 --port 6688 --mini-lb
+"""
+
+VLLM_V32_DOC = r"""
+export HCCL_BUFFSIZE=200
+vllm serve /root/.cache/modelscope/hub/models/vllm-ascend/DeepSeek-V3.2-W8A8 \
+--host 0.0.0.0 \
+--port 8077 \
+--data-parallel-size 2 \
+--data-parallel-size-local 1 \
+--data-parallel-address $node0_ip \
+--data-parallel-rpc-port 12890 \
+--tensor-parallel-size 16 \
+--quantization ascend \
+--seed 1024 \
+--served-model-name deepseek_v3_2 \
+--enable-expert-parallel \
+--max-num-seqs 16 \
+--max-model-len 8192 \
+--max-num-batched-tokens 4096 \
+--trust-remote-code \
+--no-enable-prefix-caching \
+--gpu-memory-utilization 0.92 \
+--compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \
+--speculative-config '{"num_speculative_tokens": 3, "method": "deepseek_mtp"}'
+
+vllm serve /root/.cache/modelscope/hub/models/vllm-ascend/DeepSeek-V3.2-W8A8 \
+--host 0.0.0.0 \
+--port 8077 \
+--headless \
+--data-parallel-size 2 \
+--data-parallel-size-local 1 \
+--data-parallel-start-rank 1 \
+--data-parallel-address $node0_ip \
+--data-parallel-rpc-port 12890 \
+--tensor-parallel-size 16 \
+--quantization ascend \
+--enable-expert-parallel \
+--max-num-seqs 16 \
+--max-model-len 8192 \
+--speculative-config '{"num_speculative_tokens": 3, "method": "deepseek_mtp"}'
+"""
+
+
+def _read_doc(text, tmp_path, name):
+    from npusim.deploy.read import read_launch
+    from npusim.planner.space import MTP_ACCEPTANCE
+    path = tmp_path / f"{name}.sh"
+    path.write_text(text)
+    return read_launch(path, MTP_ACCEPTANCE, 16)
+
+
+def test_sglang_best_practice_v32_launch_reads_as_its_deployment(tmp_path):
+    dep = _read_doc(SGLANG_V32_DOC, tmp_path, "sglang-v32")
+    pre, dec = dep.plan["prefill"], dep.plan["decode"]
+    assert (pre["ranks"], pre["attention"], pre["moe"]["ep"], pre["dense_tp"]) == (32, {"cp": 32}, 32, 1)
+    assert pre["streams"] == {"graph_mode": False} and "instances" not in pre  # one server on its 2 nodes
+    assert (dec["ranks"], dec["attention"], dec["moe"], dec["lm_head_tp"]) == (32, {"dp": 8, "tp": 4}, {"ep": 32}, 4)
+    assert dep.plan["mtp"]["depth"] == 3 and dep.batch == 32 and dep.quant == "w8a8"
+    assert {"--enable-nsa-prefill-context-parallel", "--nsa-prefill-cp-mode", "--cuda-graph-max-bs"} <= set(
+        dep.unknown)  # the old CP spelling is gone in 0.5.23; --cuda-graph-max-bs is now -decode / -prefill
+    assert {"--watchdog-timeout", "--mem-fraction-static"} <= set(dep.unmodelled)
+    setup = api.load_setup("cloudmatrix384", "deepseek-v3.2-exp", _load_tree(dep.plan, tmp_path, "sgl"), dep.quant)
+    assert setup.plan.disaggregated and setup.plan.decode.attention.tp == 4
+
+
+def test_vllm_tutorial_v32_launch_reads_as_its_deployment(tmp_path):
+    dep = _read_doc(VLLM_V32_DOC, tmp_path, "vllm-v32")
+    assert dep.plan["colocated"] is True and "prefill" not in dep.plan
+    dec = dep.plan["decode"]
+    assert (dec["ranks"], dec["attention"], dec["moe"], dec.get("instances", 1)) == (32, {"dp": 2, "tp": 16},
+                                                                                       {"ep": 32}, 1)
+    assert dep.plan["mtp"]["depth"] == 3 and dep.batch == 32 and dep.context_length == 8192
+    assert not dep.unknown and "--gpu-memory-utilization" in dep.unmodelled and dep.quant == "w8a8"
+    api.load_setup("cloudmatrix384", "deepseek-v3.2-exp", _load_tree(dep.plan, tmp_path, "vl"), dep.quant)
+
+
+def test_a_launch_whose_values_are_template_arguments_is_refused(tmp_path):
+    with pytest.raises(NpusimError, match=r"--tensor-parallel-size \$7: a shell variable"):
+        _read_doc('vllm serve m --data-parallel-size 2 --tensor-parallel-size $7 --kv-transfer-config '
+                  '\'{"kv_role": "kv_producer"}\'\n', tmp_path, "template")

@@ -101,7 +101,9 @@ def read_launch(path: str | Path, acceptance: dict[int, float], ranks_per_node: 
 def _commands(text: str):
     """(framework, argv after the program, times run) of each server command of a shell script."""
     arrays = {m.group(1): len(shlex.split(m.group(2))) for m in re.finditer(r"^\s*(\w+)=\((.*)\)\s*$", text, re.M)}
+    scalars = {m.group(1): m.group(2) for m in re.finditer(r"^\s*(?:export\s+)?(\w+)=([\w.:/-]+)\s*$", text, re.M)}
     for line in _logical_lines(text):
+        line = re.sub(r"\$\{?(\w+)\}?(?!\[)", lambda m: scalars.get(m.group(1), m.group(0)), line)
         try:
             words = shlex.split(line, comments=True)
         except ValueError:
@@ -185,7 +187,8 @@ def _int(flags: dict, name: str, default: int) -> int:
     try:
         return int(value) if value is not None else default
     except ValueError:
-        raise NpusimError(f"{name} {value}: needs a whole number to be read as a deployment") from None
+        why = "a shell variable the script does not set" if "$" in value else "not a whole number"
+        raise NpusimError(f"{name} {value}: {why}; the deployment needs its value") from None
 
 
 # ------------------------------------------------------------------------------------------------- SGLang
