@@ -125,3 +125,23 @@ def test_a_prefix_hit_removes_its_prefill_work_and_transfer_in_predict_and_serve
     assert (r.kv_ready - r.prefill_end).tolist() == pytest.approx([link.time(2048, 70e3)] * 2, rel=1e-12)
     with pytest.raises(Exception, match=r"\[0, 1\)"):
         api.predict(prefix_hit=1.0)
+
+
+def test_a_layerwise_push_leaves_only_the_last_layers_share_after_the_prefill():
+    """vLLM-Ascend's MooncakeLayerwiseConnector: the decode preallocates, the prefill pushes each layer during its
+    forward, so a long prompt's cache lands one layer's share after the forward ends (the pull connector moves it
+    all after it); the scheduler refuses the layerwise connector for SGLang, whose backends send per chunk."""
+    cap = Capacity(kv_bytes_per_token=70e3, kv_capacity=20e9, max_batch=8, token_budget=65536)
+    link = kv_link(setup_of("v32-a3-pd-a17"))
+    runs = {}
+    for connector in ("pull", "layerwise"):
+        d = Deployment(prefill=Pool(), decode=Pool(), link=link, scheduler=Scheduler("vllm", connector=connector))
+        runs[connector] = simulate(d, ClosedLoop(1, Fixed(32768), Fixed(3)), AnalyticStepModel(cap), seed=0,
+                                   requests=2).requests
+    whole = link.time(32768, 70e3)
+    pull, layerwise = (runs[c].kv_ready - runs[c].prefill_end for c in ("pull", "layerwise"))
+    assert pull.tolist() == pytest.approx([whole] * 2, rel=1e-9)
+    assert layerwise.tolist() == pytest.approx([link.latency + (whole - link.latency) / link.layers] * 2, rel=1e-9)
+    assert (runs["layerwise"].decode_admitted <= runs["layerwise"].scheduled).all()
+    with pytest.raises(Exception, match="layerwise"):
+        Scheduler("sglang", connector="layerwise")

@@ -60,6 +60,10 @@ def register(sub) -> None:
                         "max_prefill_tokens, counts prompt tokens only; prefill batches run alone); default vllm")
     p.add_argument("--mixed-chunk", action="store_true",
                    help="sglang: decodes ride along in prefill batches (SGLang --enable-mixed-chunk)")
+    p.add_argument("--kv-connector", choices=("pull", "layerwise"), default="pull",
+                   help="vllm, disaggregated: how the cache reaches the decode rank: pull (vLLM-Ascend's "
+                        "MooncakeConnector, after the prefill) or layerwise (MooncakeLayerwiseConnector, each layer as "
+                        "the prefill writes it); SGLang's backends always preallocate and send per chunk")
     p.add_argument("--prefill-delay", type=int, default=0, metavar="PASSES",
                    help="sglang, co-located DP ranks: hold a prompt up to PASSES steps while other ranks cannot "
                         "prefill (SGLang's PrefillDelayer: SGLANG_SCHEDULER_DECREASE_PREFILL_IDLE=1, "
@@ -118,8 +122,8 @@ def _run(args) -> None:
     running = {role: n for role, n in (("prefill", args.prefill_max_batch), ("decode", args.decode_max_batch))
                if n is not None}
     served = ServedPlan.of(setup, max_batch=args.max_batch, token_budget=args.token_budget,
-                           chunked=not args.no_chunking, chunk_size=args.chunk_size, scheduler=Scheduler(args.scheduler, args.mixed_chunk,
-                                                                            args.prefill_delay),
+                           chunked=not args.no_chunking, chunk_size=args.chunk_size,
+                           scheduler=Scheduler(args.scheduler, args.mixed_chunk, args.prefill_delay, args.kv_connector),
                            running=running)
     figures = Path(args.figures) if args.figures else None
     if figures:

@@ -40,6 +40,7 @@ class Link:
     bandwidth: float  # bytes/s
     latency: float = 0.0  # s per transfer
     bytes_per_token: float | None = None
+    layers: int = 1  # layers of cache one receiver takes (a layerwise push leaves the last one's share)
 
     def __post_init__(self):
         _positive(self, "bandwidth")
@@ -92,6 +93,7 @@ class Mtp:
 
 
 SCHEDULERS = ("vllm", "sglang")
+CONNECTORS = ("pull", "layerwise")
 
 
 @dataclass(frozen=True)
@@ -115,12 +117,19 @@ class Scheduler:
       the prefill is held (the ranks decode) for up to this many passes (SGLANG_PREFILL_DELAYER_MAX_DELAY_PASSES, 30 by
       default in SGLang), so the ranks' prefills run in the same steps instead of each stalling the others' decodes.
       0: off. Passes in which no rank decodes are idle polls, taken as instantaneous (the prefill is not held).
+    `connector`: how a disaggregated request's cache reaches its decode rank. SGLang's (mooncake / ascend backends)
+      always: the decode rank preallocates first (DecodePreallocQueue; the prefill's bootstrap queue waits for it),
+      each chunk is sent as its forward ends, the prefill's token streams when the request joins the decode batch.
+      vLLM-Ascend: 'pull' (MooncakeConnector: prefill first, then the decode allocates, pulls the whole cache and its
+      first step gives the first token) or 'layerwise' (MooncakeLayerwiseConnector: the decode preallocates, the
+      prefill pushes each layer as its forward writes it, so only the last layer's share is left when it ends).
     Limit: SGLang's ratio after a retraction is recomputed from the retracted batch; here it returns to its start.
     """
 
     policy: str = "vllm"
     mixed_chunk: bool = False
     prefill_delay: int = 0
+    connector: str = "pull"
 
     INIT_RATIO: ClassVar[float] = 0.7
     MIN_RATIO: ClassVar[float] = 0.7 * 0.14
@@ -133,6 +142,9 @@ class Scheduler:
         if self.mixed_chunk and self.policy != "sglang":
             raise NpusimError("mixed chunks are SGLang's option (--enable-mixed-chunk); vLLM always mixes",
                               field="--mixed-chunk")
+        if self.connector not in CONNECTORS or (self.connector == "layerwise" and self.policy != "vllm"):
+            raise NpusimError(f"unknown KV connector '{self.connector}' for the {self.policy} scheduler; allowed: pull, "
+                              "layerwise (vLLM-Ascend's MooncakeLayerwiseConnector)", field="--kv-connector")
         if self.prefill_delay < 0 or (self.prefill_delay and self.policy != "sglang"):
             raise NpusimError(f"the prefill delayer is SGLang's (SGLANG_SCHEDULER_DECREASE_PREFILL_IDLE) and counts "
                               f"passes (>= 0); got {self.prefill_delay} with the {self.policy} scheduler",

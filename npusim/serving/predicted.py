@@ -139,7 +139,8 @@ def kv_link(setup: Setup) -> Link:
     at the slowest of egress, link and ingress, plus the tier's latency and the transfer engine's fixed costs."""
     s = setup
     path = kv_path(s.model, s.plan, s.system, s.quant)
-    return Link(bandwidth=path.bandwidth, latency=path.latency, bytes_per_token=path.bytes_per_token)
+    return Link(bandwidth=path.bandwidth, latency=path.latency, bytes_per_token=path.bytes_per_token,
+                layers=max(1, s.model.num_hidden_layers // s.plan.instance("decode").pp))
 
 
 def deployment_from_plan(setup: Setup, *, chunk_size: int | None = None, kv_headroom: float = 0.01,

@@ -299,8 +299,8 @@ class Rank:
                     self.complete(r, now)
         sim = self.instance.sim
         for r, n in chunks:
-            if r.dest is not None:  # SGLang: each chunk's cache is sent as its forward ends (the decode side's
-                sim.send(r, self, n)  # radix cache holds the prefix)
+            if r.dest is not None and not sim.layerwise:  # SGLang: each chunk's cache is sent as its forward ends
+                sim.send(r, self, n)  # (the decode side's radix cache holds the prefix)
             r.prefilled += n
             if r.prefilled < r.prompt:
                 continue
@@ -393,6 +393,10 @@ class Instance:
                         sum(len(p[1]) for p in plans),
                         sum(len(rank.waiting) for rank in self.ranks),
                         sum(rank.kv_used for rank in self.ranks) / self.kv_total))
+            if self.sim.layerwise:  # each layer's cache leaves as the forward writes it
+                for rank, (_, _, chunks) in zip(self.ranks, plans):
+                    for r, n in chunks:
+                        self.sim.send(r, rank, n, env.now + seconds)
             yield env.timeout(seconds)
             for rank, (_, decodes, chunks) in zip(self.ranks, plans):
                 rank.finish(decodes, chunks, env.now)
@@ -406,8 +410,10 @@ class _Simulation:
         self.deployment, self.load = deployment, load
         self.limit, self.duration, self.progress = requests, duration, progress
         self.env = simpy.Environment()
-        # SGLang PD: the decode rank preallocates before the prefill starts (bootstrap), chunks are sent as they end
-        self.early_alloc = deployment.disaggregated and deployment.scheduler.policy == "sglang"
+        # SGLang PD and vLLM-Ascend's layerwise connector: the decode rank preallocates before the prefill starts
+        sched = deployment.scheduler
+        self.layerwise = deployment.disaggregated and sched.connector == "layerwise"
+        self.early_alloc = deployment.disaggregated and (sched.policy == "sglang" or self.layerwise)
         self.requests: list[Request] = []
         self.arrived = 0  # open-loop arrivals so far (a capped client may not have sent them yet)
         self.steps: list[tuple] = []
@@ -472,12 +478,21 @@ class _Simulation:
         yield from self.move(r.holder, dst, r.kv - r.prefix_hit)  # the prefix is in the decode side's cache
         self.deliver(r, dst)
 
-    def send(self, r: Request, src: Rank, tokens: int) -> None:
+    def send(self, r: Request, src: Rank, tokens: int, forward_end: float | None = None) -> None:
+        """Ship `tokens` tokens of r's cache to the rank that preallocated it; a layerwise push starts with the
+        forward (`forward_end`: when it ends) and cannot land before the last layer's share has followed it."""
         r.sending += 1
-        self.env.process(self._send(r, src, tokens))
+        self.env.process(self._send(r, src, tokens, forward_end))
 
-    def _send(self, r: Request, src: Rank, tokens: int):
-        yield from self.move(src, r.dest, tokens)
+    def _send(self, r: Request, src: Rank, tokens: int, forward_end: float | None):
+        dst = r.dest
+        yield from self.move(src, dst, tokens)
+        if forward_end is not None:
+            link = self.deployment.link
+            tail = link.time(tokens, src.instance.model.capacity.kv_bytes_per_token) - link.latency
+            last = forward_end + link.latency + tail / link.layers
+            if last > self.env.now:
+                yield self.env.timeout(last - self.env.now)
         r.sending -= 1
         if not r.sending and r.state is HANDOFF:
             self.deliver(r)
