@@ -178,7 +178,8 @@ class _Layers:
         """GQA attention: every query attends to its sequence's keys, read once per sequence and KV head."""
         m, q, t = self.m, self.q, self.t
         h, nh, kvh, hd = m.hidden_size, m.num_attention_heads, m.num_key_value_heads, m.head_dim
-        ops = [norm("attn_norm", t, h), self.linear("qkv_proj", h, (nh + 2 * kvh) * hd, "attention")]
+        ops = [norm("attn_norm", t, h, residual=True),  # npu_add_rms_norm, as ffn_norm
+               self.linear("qkv_proj", h, (nh + 2 * kvh) * hd, "attention")]
         if m.qk_norm:
             ops.append(vector("qk_head_norm", "head_rmsnorm", {"tokens": t, "heads": nh + kvh, "width": hd},
                               read=BF16.bytes_for(t * (nh + kvh) * hd), written=BF16.bytes_for(t * (nh + kvh) * hd),
@@ -226,9 +227,11 @@ class _Layers:
     # ------------------------------------------------------------------ FFN (both families)
     def ffn_norm(self) -> Op:
         """The FFN's norm; a DeepSeek V3 / V3.2 decoder layer adds the residual in it (npu_add_rms_norm,
-        cann-recipes-infer models/deepseek_r1/models/modules.py:83-87 @ fbc225d, as attn_norm does); V4's mHC and
-        the GQA models keep the plain norm (their sources not read for it)."""
-        return norm("ffn_norm", self.t, self.m.hidden_size, residual=not (self.m.is_v4 or self.m.is_gqa))
+        cann-recipes-infer models/deepseek_r1/models/modules.py:83-87 @ fbc225d, as attn_norm does), and so do the
+        GQA models' (vLLM's Qwen3MoeDecoderLayer / Glm4MoeDecoderLayer pass the residual to both norms, which
+        vllm-ascend's AscendRMSNorm.forward_oot and SGLang's RMSNorm on NPU run as torch_npu.npu_add_rms_norm);
+        V4's mHC keeps the plain norm."""
+        return norm("ffn_norm", self.t, self.m.hidden_size, residual=not self.m.is_v4)
 
     def ffn(self, layer: int) -> list[Op]:
         m, t, h = self.m, self.t, self.m.hidden_size
