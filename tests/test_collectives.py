@@ -82,3 +82,50 @@ def test_more_link_bandwidth_never_slows_a_collective(kind, size, group):
     tiers = {n: dataclasses.replace(tr, bandwidth=2 * tr.bandwidth) for n, tr in A3.tiers.items()}
     fast = dataclasses.replace(A3, tiers=tiers)
     assert t(kind, size, group, system=fast).time <= t(kind, size, group).time
+
+
+# ------------------------------------------------------------------------------- fused MoE dispatch / combine rows
+CM384 = load_system("cloudmatrix384")
+LOW_LATENCY = 128 * 8 * 7168  # published.md K08: 128 tokens x top-8 x hidden 7,168, one byte per element (INT8)
+
+
+def fused(size, group, rows, system=CM384, **kw):
+    return collective_time(Collective("all_to_all", size, group, rows=rows, **kw), system).time * 1e6
+
+
+@pytest.mark.parametrize("ep, dispatch_us, combine_us", [(8, 132, 126), (16, 139, 135), (32, 153, 151)])
+def test_low_latency_dispatch_costs_its_rows_like_the_combine(ep, dispatch_us, combine_us):
+    """K08: the INT8 dispatch takes as long as the BF16 combine though it moves half the bytes: both are bound by
+    the (token, expert) rows their AIVs write one at a time. Without rows the dispatch was 29-34 % short."""
+    d, c = fused(LOW_LATENCY, ep, 1024), fused(2 * LOW_LATENCY, ep, 1024)
+    assert abs(d - c) / c < 0.05
+    assert d == pytest.approx(dispatch_us, rel=0.18) and c == pytest.approx(combine_us, rel=0.15)
+    assert d > 1.2 * fused(LOW_LATENCY, ep, 0)
+
+
+def test_row_term_grows_with_rows_per_aiv_and_vanishes_at_a_few_rows():
+    """The busiest AIV's rows: half the AIVs (32 -> 64 rows each) double the row term; eight tokens' rows leave
+    the bytes-and-latency exchange as it was."""
+    full, half = fused(LOW_LATENCY, 16, 1024, issuers=32), fused(LOW_LATENCY, 16, 1024, issuers=16)
+    setup = CM384.tiers["ub"].setup * 1e6
+    assert half - setup == pytest.approx(2 * (full - setup), rel=0.01)
+    small = 8 * 8 * 7168
+    assert fused(small, 16, 64) == pytest.approx(fused(small, 16, 0), rel=0.1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 4096), st.sampled_from([2, 8, 16, 32, 128]), st.integers(1, 2))
+def test_counting_rows_never_makes_the_fused_exchange_faster_than_its_bytes_allow(tokens, group, elem):
+    """With rows the time is at least the row bound and at least the buffer exchange at the AIV-direct rate."""
+    rows, size = tokens * 8, tokens * 8 * 7168 * elem
+    with_rows = fused(size, group, rows)
+    _, tier = CM384.tier_for(group)
+    assert with_rows >= tier.setup * 1e6 + tier.latency * 1e6 * (rows // 48)
+    assert with_rows >= fused(size, group, 0) * (CM384.chip_spec.efficiency.link / CM384.hccl.efficiency) - 1e-6
+
+
+def test_only_a_fused_moe_all_to_all_counts_rows():
+    from npusim.errors import NpusimError
+    for kw in ({"kind": "all_gather"}, {"kind": "all_to_all", "bulk": True}, {"kind": "all_to_all", "hccl": True}):
+        with pytest.raises(NpusimError, match="counted rows"):
+            Collective(bytes=1.0, group=4, rows=8, **kw)

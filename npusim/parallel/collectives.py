@@ -22,6 +22,16 @@ DeepEP normal mode) moves its rows at a further `efficiency.bulk_all_to_all` of 
 `overheads.all_to_all_peer` for every other rank of its group (a transfer and notify task per peer; fitted on K07);
 the fused low-latency dispatch / combine (MC2: decode, and a prefill
 whose tokens per die fit `moe.fused_dispatch_tokens`) does not.
+
+The fused dispatch / combine moves rows, not a buffer: each AIV takes its share of the destination experts and walks
+their (token, expert) rows one at a time, loading the token, quantising it (dispatch) and writing it into the peer's
+window (CANN ops-transformer mc2/moe_distribute_dispatch_v2 op_kernel/moe_distribute_dispatch_v2_full_mesh.h,
+SendToMoeExpert -> TokenToExpertInQuant per row, mirror yuanfang-chen/ops-transformer @ 00ff90a; the combine writes
+each expert output row back the same way). A row's write crosses the fabric before the AIV's buffer takes the next,
+so with `rows` given the kernel takes at least the busiest AIV's rows, each its two DMAs and one tier latency,
+whatever the bytes, and its bytes move at the AIV-direct rate of HCCL's AIV kernels (`hccl.efficiency`, fitted
+on K204) where the system has one; without `rows` it is timed as the buffer exchange it was before. That is why the low-latency dispatch (INT8, half the bytes) takes as long as the
+combine (BF16) in published.md K08 (132-153 vs 126-151 us at 128 tokens): rows, not bytes, bound both.
 """
 
 from __future__ import annotations
@@ -53,6 +63,8 @@ class Collective:
     algorithm: str = "auto"
     bulk: bool = False
     hccl: bool = False
+    rows: int = 0  # fused MoE dispatch / combine: the (token, expert) rows one rank moves (0 = not counted)
+    issuers: float = 0.0  # AIV cores moving those rows (0 = the die's share `comm.fused_dispatch_aiv` of its AIVs)
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -64,9 +76,20 @@ class Collective:
             raise NpusimError(f"collective {self.kind} needs group >= 1, stride >= 1 and bytes >= 0")
         if self.bulk and self.kind != "all_to_all":
             raise NpusimError(f"only an all-to-all runs as a bulk kernel, not {self.kind}", field="bulk")
+        if self.rows < 0 or self.issuers < 0:
+            raise NpusimError(f"collective {self.kind} needs rows >= 0 and issuers >= 0", field="rows")
+        if self.rows and not self.fused_moe:
+            raise NpusimError(f"only a fused MoE all-to-all moves counted rows, not {self.kind}"
+                              f"{' (bulk)' if self.bulk else ' (HCCL)' if self.hccl else ''}", field="rows")
         if self.hccl and (self.kind != "all_to_all" or self.bulk):
             raise NpusimError(f"only a non-bulk all-to-all is marked as a plain HCCL call, not {self.kind}"
                               f"{' (bulk)' if self.bulk else ''}", field="hccl")
+
+
+    @property
+    def fused_moe(self) -> bool:
+        """The fused MC2 MoE dispatch / combine: an all-to-all that is neither a bulk kernel nor a plain HCCL call."""
+        return self.kind == "all_to_all" and not self.bulk and not self.hccl
 
 
 @dataclass(frozen=True)
@@ -113,6 +136,8 @@ def collective_time(c: Collective, system: System) -> CommResult:
     chip = system.chip_spec
     bulk = c.bulk and c.group > 1 and c.bytes > 0
     eff = chip.efficiency.link * (chip.efficiency.bulk_all_to_all if bulk else 1.0)
+    if c.rows and system.hccl is not None:  # the MC2 AIVs' own stores into the peers' windows, as HCCL's AIV kernels
+        eff = system.hccl.efficiency
     span = c.group * c.stride
     tier_name, tier = system.tier_for(span)
     hccl = _node_hccl(c, system, span)
@@ -134,7 +159,23 @@ def collective_time(c: Collective, system: System) -> CommResult:
                           f"{c.stride} fit one {tier_name} domain of {system.name}", field="algorithm")
     alg = min(options, key=lambda k: (options[k], k))
     t = options[alg] + setup
+    if c.rows and c.group > 1 and c.bytes > 0:
+        rows = _row_time(c, tier, chip)
+        if rows > options[alg]:
+            t, alg = rows + setup, "rows"
     return CommResult(t, alg, tier_name, c.bytes / t if t > 0 else math.inf)
+
+
+def _row_time(c: Collective, tier: Tier, chip) -> float:
+    """The fused MoE all-to-all bound by its rows (module docstring): the busiest AIV's rows one after another, each
+    a GM -> UB load and a UB -> peer-window store (each DMA's start-up and its bytes at the AIV's MTE rates) and the
+    tier's latency for the store to land before the buffer takes the next row. A row is taken as the bytes sent
+    (the dispatch's bf16 load before its INT8 quantisation and that quantisation's vector work are not counted)."""
+    issuers = c.issuers or chip.aiv.count * (chip.comm.fused_dispatch_aiv if chip.comm is not None else 1.0)
+    row = c.bytes / c.rows
+    load, store = chip.aiv.pipes["mte2"], chip.aiv.pipes["mte3"]
+    dma = (load.latency_cycles + store.latency_cycles + row / load.bytes_per_cycle + row / store.bytes_per_cycle)
+    return math.ceil(c.rows / max(1.0, issuers)) * (tier.latency + dma / chip.clock)
 
 
 def _inner_tier(system: System, stride: int, outer: str) -> tuple[str, Tier, int] | None:

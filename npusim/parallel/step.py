@@ -48,6 +48,7 @@ from npusim.spec.system import System
 
 HEAD_START = "final_norm"  # the op where a layer's head (final norm, LM head) begins
 MOE_ALL_TO_ALL = ("moe_dispatch", "moe_combine_all_to_all")  # the MoE's dispatch and combine (shard.py)
+ROUTED_GEMM = "experts_gate_up"  # the routed experts' first GEMM: its rows are the rows the dispatch brings
 
 
 @dataclass(frozen=True)
@@ -315,20 +316,32 @@ def _add_part(sched: _Schedule, part: RankLayer, tag: str, prev: str | None, off
             prev = tag + op.name
             producer = t
         for c in comm_after.get(op.name, ()):
-            r = collective_time(c.collective, system)
+            pool = chip.aiv.count * (cores.total - cores.attn_cores) / cores.total  # the FFN partition's AIVs
+            fused_moe = c.name in MOE_ALL_TO_ALL and not c.collective.bulk  # the MC2 dispatch / combine kernels
+            coll = mc2_rows(c.collective, part, chip, pool) if fused_moe else c.collective
+            r = collective_time(coll, system)
             if count:
                 sched.comms.append((c.name, r, count))
             # gating fused into the dispatch: tokens leave as their routing is computed, from the gate's start
             src = op.name if not (c.after == "moe_gate" and "moe_gate" in fused) else names[i - 1]
-            pool = chip.aiv.count * (cores.total - cores.attn_cores) / cores.total  # the FFN partition's AIVs
-            fused_moe = c.name in MOE_ALL_TO_ALL and not c.collective.bulk  # the MC2 dispatch / combine kernels
-            flows, holds = comm_load(c.collective, r, chip, pool, fused_moe) if sharing else ((), ())
+            flows, holds = comm_load(coll, r, chip, pool, fused_moe) if sharing else ((), ())
             sched.tasks.append(Task(tag + c.name, comm_stream, r.time, (tag + src,), resource="link", units=1,
                                     category="comm", flows=flows, holds=holds,
                                     issuers=int(holds[0][1]) if holds else 0))
     # the part ends when everything of it has finished (side stream and trailing collectives)
     ends = [t.name for t in sched.tasks[first:] if t.name != prev]
     sched.tasks.append(Task(tag + "layer_end", "compute", 0.0, tuple(ends), resource=""))
+
+
+def mc2_rows(c: Collective, part: RankLayer, chip, pool: float) -> Collective:
+    """The fused MoE dispatch / combine with the (token, expert) rows its AIVs move one at a time
+    (npusim.parallel.collectives): the rows this rank's experts take (the routed GEMM's), which in balance are the
+    rows it sends out, moved by the AIVs the kernel holds (`comm.fused_dispatch_aiv` of the FFN partition's)."""
+    experts = next((o for o in part.ops if o.name == ROUTED_GEMM), None)
+    if experts is None or c.kind != "all_to_all" or not c.fused_moe:
+        return c
+    share = chip.comm.fused_dispatch_aiv if chip.comm is not None else 1.0
+    return dataclasses.replace(c, rows=int(experts.shape.get("rows", 0)), issuers=share * pool)
 
 
 def traffic(t: OpTime, chip) -> tuple[tuple[str, float], ...]:
