@@ -297,8 +297,8 @@ def vllm_ascend(pkg: Package) -> dict:
                 inner = _get_key(node, var)
                 if inner:
                     keys.add(f"{sub}.{inner}")
-            if isinstance(node, ast.Compare) and isinstance(node.ops[0], ast.In) and isinstance(node.left, ast.Constant) \
-                    and _name(node.comparators[0]) == "additional_config":
+            if isinstance(node, ast.Compare) and isinstance(node.ops[0], ast.In) \
+                    and isinstance(node.left, ast.Constant) and _name(node.comparators[0]) == "additional_config":
                 keys.add(node.left.value)
     return {"additional_config": sorted(keys), "sources": sources}
 

@@ -414,7 +414,8 @@ def test_readme_128k_plan_on_sglang_speaks_its_current_cp():
     setup = api.load_setup("cloudmatrix384", "deepseek-v3.2-exp", "v32-a3-sglang-pd-tp4", "w8a8")
     script = launch("sglang", setup.plan, setup.model, setup.quant, setup.system, LIMITS).script()
     assert "--enable-prefill-cp \\\n    --cp-strategy zigzag" in script
-    assert "dsa-prefill" not in script and "--enable-dp-attention" not in script and "--disable-cuda-graph" not in script
+    for gone in ("dsa-prefill", "--enable-dp-attention", "--disable-cuda-graph"):
+        assert gone not in script
     assert "SGLang 0.5.23" in script and "sglang-0.5.23.json" in script
     out = launch("sglang", setup.plan, setup.model, setup.quant, setup.system, Limits(131072, 1024, 4))
     got, env = parsed(out), {}
@@ -466,7 +467,8 @@ def test_extractor_reads_flags_as_argparse_would_register_them():
             "        parser.add_argument('--old', action=DeprecatedStoreTrueAction, help='Deprecated. Use --new.')\n",
     })
     flags_ = ex.sglang(pkg)["flags"]
-    assert flags_["--tp-size"]["names"] == ["--tp-size", "--tensor-parallel-size"] and flags_["--tp-size"]["type"] == "int"
+    assert flags_["--tp-size"]["names"] == ["--tp-size", "--tensor-parallel-size"]
+    assert flags_["--tp-size"]["type"] == "int"
     assert flags_["--mode"]["choices"] == ["a", "b"] and flags_["--kind"]["choices"] == ["x", "y"]
     assert flags_["--secret"]["hidden"] and flags_["--old"]["deprecated"] and "--internal" not in flags_
     assert flags_["--on"]["names"] == ["--on", "--no-on"] and flags_["--on"]["type"] == "bool"
@@ -494,7 +496,7 @@ def _read_back(out, tmp_path, name="launch"):
     from npusim.planner.space import MTP_ACCEPTANCE
     path = tmp_path / f"{name}.sh"
     path.write_text(out.script())
-    return read_launch(path, MTP_ACCEPTANCE, 16)
+    return read_launch(path, MTP_ACCEPTANCE)
 
 
 def _load_tree(tree, tmp_path, name):
@@ -607,7 +609,8 @@ do
         --enable-nsa-prefill-context-parallel \
         --nsa-prefill-cp-mode in-seq-split \
         --attn-cp-size 32 \
-        --speculative-algorithm NEXTN --speculative-num-steps 1 --speculative-eagle-topk 1 --speculative-num-draft-tokens 2 \
+        --speculative-algorithm NEXTN --speculative-num-steps 1 --speculative-eagle-topk 1 \
+        --speculative-num-draft-tokens 2 \
         --dist-init-addr ${P_IP[0]}:10000
         break
     fi
@@ -639,7 +642,8 @@ do
         --moe-a2a-backend deepep \
         --deepep-mode low_latency \
         --quantization modelslim \
-        --speculative-algorithm NEXTN --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 \
+        --speculative-algorithm NEXTN --speculative-num-steps 3 --speculative-eagle-topk 1 \
+        --speculative-num-draft-tokens 4 \
         --disaggregation-transfer-backend ascend \
         --disaggregation-mode decode \
         --nnodes 2 --node-rank $i \
@@ -697,7 +701,7 @@ def _read_doc(text, tmp_path, name):
     from npusim.planner.space import MTP_ACCEPTANCE
     path = tmp_path / f"{name}.sh"
     path.write_text(text)
-    return read_launch(path, MTP_ACCEPTANCE, 16)
+    return read_launch(path, MTP_ACCEPTANCE)
 
 
 def test_sglang_best_practice_v32_launch_reads_as_its_deployment(tmp_path):
@@ -729,3 +733,22 @@ def test_a_launch_whose_values_are_template_arguments_is_refused(tmp_path):
     with pytest.raises(NpusimError, match=r"--tensor-parallel-size \$7: a shell variable"):
         _read_doc('vllm serve m --data-parallel-size 2 --tensor-parallel-size $7 --kv-transfer-config '
                   '\'{"kv_role": "kv_producer"}\'\n', tmp_path, "template")
+
+
+@pytest.mark.slow
+def test_cli_predict_launch_predicts_the_launched_plan(cli, tmp_path):
+    """npusim predict --launch: SGLang's R1 PD commands as emitted predict as the plan they came from."""
+    setup = api.load_setup("cloudmatrix384", "deepseek-v3.1", "r1-a3-sglang-pd-tp2", "w8a8")
+    script = tmp_path / "r1.sh"
+    script.write_text(launch("sglang", setup.plan, setup.model, setup.quant, setup.system, LIMITS).script())
+    base = ["--hw", "cloudmatrix384", "--model", "deepseek-v3.1", "--input", "4096", "--output", "1024",
+            "--format", "json", "--set", f"plan.mtp.acceptance={setup.plan.mtp.acceptance}"]
+    r = cli("predict", "--launch", script, *base)
+    assert r.returncode == 0, r.stderr
+    assert "read " in r.stderr and "quant w8a8, batch 128" in r.stderr
+    want = cli("predict", "--plan", "r1-a3-sglang-pd-tp2", "--quant", "w8a8", "--batch", "128", *base)
+    got, exp = json.loads(r.stdout), json.loads(want.stdout)
+    figures = ("ttft_s", "tpot_s")
+    assert [got["summary"][k] for k in figures] == [exp["summary"][k] for k in figures]
+    r = cli("predict", "--launch", tmp_path / "missing.sh")
+    assert r.returncode == 2 and "--launch" in r.stderr and "no such file" in r.stderr

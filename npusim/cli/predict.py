@@ -35,6 +35,10 @@ def register(sub) -> None:
     p.add_argument("--verbose", action="store_true",
                    help="for a config.json model: its architecture and the keys ignored (they do not change cost)")
     p.add_argument("--trace", default=None, metavar="OUT.json", help="write a Chrome trace of one layer per type")
+    p.add_argument("--launch", default=None, metavar="FILE",
+                   help="an SGLang or vLLM-Ascend launch script: the deployment its server commands launch is the "
+                        "plan, quantisation and decode batch predicted (--plan is ignored; --quant / --batch, when "
+                        "given, win); the flags npusim does not know or model are named")
     p.add_argument("--emit", choices=frameworks(), default=None,
                    help="print the launch commands of this deployment for a serving framework instead of the figures "
                         "(after predict accepts it; --format json adds them under 'launch')")
@@ -68,10 +72,37 @@ def _launch(args):
     return launch(args.emit, setup.plan, setup.model, setup.quant, setup.system, limits)
 
 
+def _from_launch(args) -> None:
+    """--launch FILE: its deployment becomes this prediction's plan (a plan file in a temporary directory, named
+    after FILE), and its quantisation and decode batch unless --quant / --batch differ from their defaults."""
+    import sys
+    import tempfile
+
+    import yaml
+
+    from npusim.deploy.read import read_launch
+    from npusim.planner.space import MTP_ACCEPTANCE
+
+    dep = read_launch(args.launch, MTP_ACCEPTANCE)
+    path = Path(tempfile.mkdtemp(prefix="npusim-launch-")) / f"{Path(args.launch).stem}.yaml"
+    path.write_text(yaml.safe_dump(dep.plan, sort_keys=False))
+    args.plan = str(path)
+    if args.quant == defaults.SCENARIO["quant"]:
+        args.quant = dep.quant
+    if args.batch == defaults.SCENARIO["batch"] and dep.batch:
+        args.batch = dep.batch
+    said = [f"read {args.launch} ({dep.framework}) as plan {path}, quant {args.quant}, batch {args.batch}"]
+    said += [f"unknown to the release: {' '.join(dep.unknown)}"] if dep.unknown else []
+    said += [f"not modelled: {' '.join(dep.unmodelled)}"] if dep.unmodelled else []
+    print("\n".join(said + list(dep.notes)), file=sys.stderr)
+
+
 def run(args) -> None:
     from npusim import api
     from npusim.results.cost import CostParams, cost
 
+    if args.launch:
+        _from_launch(args)
     pred = api.predict(args.hw, args.model, args.plan, input=args.input, output=args.output, batch=args.batch,
                        prefill_batch=args.prefill_batch, context=args.context,
                        quant=None if args.quant == "model" else args.quant, prefix_hit=args.prefix_hit,

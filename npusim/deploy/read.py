@@ -1,5 +1,6 @@
 """Reading a user's launch: SGLang or vLLM-Ascend server commands (a script, or the commands of a framework's docs)
-as the deployment npusim predicts — its plan, quantisation, decode batch and context — with the flags it cannot read.
+as the deployment npusim predicts — its plan, quantisation, decode batch and context — with the flags it cannot
+read.
 
 The flags are read as the release's parser would (workloads/frameworks/flags/: every alias, and argparse's unique
 prefixes such as SGLang's `--tp`); each server command becomes an instance of its role (SGLang
@@ -16,7 +17,6 @@ shell loop over an address array (the docs' `for i in "${!P_IP[@]}"`) runs its c
 from __future__ import annotations
 
 import json
-import math
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -75,8 +75,10 @@ class Deployment:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
-def read_launch(path: str | Path, acceptance: dict[int, float], ranks_per_node: int) -> Deployment:
+def read_launch(path: str | Path, acceptance: dict[int, float]) -> Deployment:
     """The deployment of the launch script at `path`; MTP acceptance by depth from `acceptance`."""
+    if not Path(path).is_file():
+        raise NpusimError(f"no such file: {path}", field="--launch")
     text = Path(path).read_text()
     servers, unknown, unmodelled = [], [], []
     for fw_name, argv, copies in _commands(text):
@@ -92,8 +94,7 @@ def read_launch(path: str | Path, acceptance: dict[int, float], ranks_per_node: 
         raise NpusimError(f"mixes frameworks ({', '.join(sorted(frameworks))}); give one framework's commands",
                           file=str(path))
     reader = SGLANG if heads[0].framework == "sglang" else VLLM
-    return reader(heads, str(path), acceptance, ranks_per_node, tuple(dict.fromkeys(unknown)),
-                  tuple(dict.fromkeys(unmodelled)))
+    return reader(heads, acceptance, tuple(dict.fromkeys(unknown)), tuple(dict.fromkeys(unmodelled)))
 
 
 # ------------------------------------------------------------------------------------------------ the script
@@ -193,7 +194,7 @@ def _int(flags: dict, name: str, default: int) -> int:
 
 # ------------------------------------------------------------------------------------------------- SGLang
 
-def SGLANG(heads, path, acceptance, per_node, unknown, unmodelled) -> Deployment:  # noqa: N802 (a table entry)
+def SGLANG(heads, acceptance, unknown, unmodelled) -> Deployment:  # noqa: N802 (a table entry)
     """SGLang servers as plan roles: TP is the server's world, attention DP / CP inside it, EP over it (DeepEP
     runs EP over every rank), the dense MLP over 1 rank or all, the LM head over the attention-TP group under
     --enable-dp-lm-head, the embedding replicated under attention DP; o_proj over the attention-TP group."""
@@ -259,7 +260,7 @@ def _nodes_per_server(flags: dict, servers: list[Server]) -> int:
 
 # ------------------------------------------------------------------------------------------------- vLLM
 
-def VLLM(heads, path, acceptance, per_node, unknown, unmodelled) -> Deployment:  # noqa: N802 (a table entry)
+def VLLM(heads, acceptance, unknown, unmodelled) -> Deployment:  # noqa: N802 (a table entry)
     """vLLM-Ascend servers as plan roles: DP engines of TP ranks (DSA-CP: the TP group splits the sequence),
     EP over every rank with --enable-expert-parallel, finegrained_tp_config's o_proj / MLP / embedding / LM head
     sizes (each else TP)."""
@@ -343,13 +344,3 @@ def _shape(tree: dict) -> None:
     if "mixed" in tree:
         tree["decode"] = tree.pop("mixed")
         tree["colocated"] = True
-
-
-def ranks_of(tree: dict) -> int:
-    """Chips the deployment's roles hold."""
-    return sum(r["ranks"] * r.get("instances", 1) for k, r in tree.items() if k in ("prefill", "decode"))
-
-
-def nodes_of(tree: dict, per_node: int) -> int:
-    return sum(math.ceil(r["ranks"] / per_node) * r.get("instances", 1) for k, r in tree.items()
-               if k in ("prefill", "decode"))

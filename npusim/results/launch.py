@@ -122,7 +122,8 @@ class Launch:
             lines.append(f"# Not emitted: {self.refused}")
             lines += [f"# Nor expressible in {f.title}: {n}" for n in self.notes]
             return "\n".join(lines) + "\n"
-        lines += ["# Set MODEL_PATH (a checkpoint in the quantisation above) and the node addresses (PREFILL0_IP, ...);",
+        lines += ["# Set MODEL_PATH (a checkpoint in the quantisation above) and the node addresses "
+                  "(PREFILL0_IP, ...);",
                   "# run each block on its nodes with NODE_RANK set (0 = the head node of that server)."]
         if self.notes:
             lines.append(f"# Not expressible in {f.title} (the server runs its own default instead):")
