@@ -235,3 +235,15 @@ def test_colocated_plan_sets_graph_mode_per_phase(tmp_path):
     bad.write_text(text + "phases:\n  mixed: {streams: {graph_mode: false}}\n")
     with pytest.raises(NpusimError, match="phases.mixed"):
         load_plan(str(bad))
+
+
+def test_gqa_kv_projections_replicate_beyond_the_kv_heads(qwen3, tp16):
+    """Qwen3-235B's 4 KV heads over 16 dies: each die stores one KV head's K and V projections (replicated 4x), not
+    a sixteenth of the four; at attention TP4 it holds one as well, so TP4 and TP16 differ by the q / o shares."""
+    from npusim.parallel.memory import weight_bytes
+
+    q = get_quant("bf16")
+    tp4 = load_plan(str(Path(tp16.provenance.file)), {"decode.attention.tp": "4", "decode.attention.dp": "4"})
+    w4, w16 = weight_bytes(qwen3, tp4, "decode", q), weight_bytes(qwen3, tp16, "decode", q)
+    q_o = 2 * qwen3.hidden_size * qwen3.num_attention_heads * qwen3.head_dim * 2 * 94  # q and o projections, BF16
+    assert w4 - w16 == pytest.approx(q_o / 4 - q_o / 16, rel=1e-9)

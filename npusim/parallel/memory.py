@@ -64,6 +64,16 @@ def _latent_params(model: ModelConfig) -> float:
     return h * ql + h * (model.head_dim if model.is_v4 else model.kv_lora_rank + model.qk_rope_head_dim)
 
 
+def _gqa_kv_params(model: ModelConfig, tp: int, layers: int) -> tuple[float, float]:
+    """GQA's K and V projections over `layers` layers: in all, and on one rank of an attention-TP group, which holds
+    its max(1, kv_heads / tp) KV heads (replicated once the TP degree exceeds the KV heads, SGLang's / vLLM's
+    QKVParallelLinear); (0, 0) for MLA and V4."""
+    if not model.is_gqa:
+        return 0.0, 0.0
+    per_head = 2.0 * model.hidden_size * model.head_dim * layers
+    return per_head * model.num_key_value_heads, per_head * max(1, model.num_key_value_heads // tp)
+
+
 def weight_bytes(model: ModelConfig, plan: Plan, phase: str, quant: QuantScheme) -> float:
     """Weights one rank stores: each class divided by the degree that shards it; with an MTP depth, the MTP layer's
     too, class by class as a decoder layer's (accounting.mtp_projection_class)."""
@@ -98,7 +108,9 @@ def _stored(model: ModelConfig, plan: Plan, inst: Instance, quant: QuantScheme, 
     for cls, n in by_class.items():
         per = BF16.bytes_per_element() if cls == accounting.UNQUANTISED else quant.weights(cls).bytes_per_element()
         if cls == "attention":
-            total += per * (o_proj / inst.o_proj_group + whole + (n - o_proj - whole) / inst.attention.tp)
+            kv, kv_rank = _gqa_kv_params(model, inst.attention.tp, layers)
+            total += per * (o_proj / inst.o_proj_group + whole + kv_rank
+                            + (n - o_proj - whole - kv) / inst.attention.tp)
         else:
             total += per * n * share[cls]
     return total
