@@ -145,3 +145,18 @@ def test_a_layerwise_push_leaves_only_the_last_layers_share_after_the_prefill():
     assert (runs["layerwise"].decode_admitted <= runs["layerwise"].scheduled).all()
     with pytest.raises(Exception, match="layerwise"):
         Scheduler("sglang", connector="layerwise")
+
+
+def test_sglangs_prealloc_keeps_512_tokens_per_active_request():
+    """SGLang's decode prealloc reserves num_reserved_decode_tokens (512) for every active request: two 2,000-token
+    prompts on a 5,000-token decode rank fit as caches (4,000) but not with 2 x 512 reserved, so the second waits
+    for the first to finish before its prefill even starts; vLLM's pull connector admits both."""
+    per_token = 70e3
+    cap = Capacity(kv_bytes_per_token=per_token, kv_capacity=5000 * per_token, max_batch=8, token_budget=16384)
+    link = kv_link(setup_of("v32-a3-pd-a17"))
+    runs = {policy: simulate(Deployment(prefill=Pool(), decode=Pool(), link=link, scheduler=Scheduler(policy)),
+                             ClosedLoop(2, Fixed(2000), Fixed(8)), AnalyticStepModel(cap), seed=0, requests=2).requests
+            for policy in ("sglang", "vllm")}
+    first, second = runs["sglang"].sort_values("decode_admitted").itertuples()
+    assert second.decode_admitted >= first.finish and second.scheduled >= second.decode_admitted
+    assert runs["vllm"].decode_admitted.max() < runs["vllm"].finish.min()

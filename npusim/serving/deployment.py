@@ -119,7 +119,9 @@ class Scheduler:
       0: off. Passes in which no rank decodes are idle polls, taken as instantaneous (the prefill is not held).
     `connector`: how a disaggregated request's cache reaches its decode rank. SGLang's (mooncake / ascend backends)
       always: the decode rank preallocates first (DecodePreallocQueue; the prefill's bootstrap queue waits for it),
-      each chunk is sent as its forward ends, the prefill's token streams when the request joins the decode batch.
+      each chunk is sent as its forward ends, the prefill's token streams when the request joins the decode batch;
+      the prealloc admits a request while its prompt plus 512 tokens for every active request (running, in transfer,
+      this one: num_reserved_decode_tokens) fit the cache, and the running limit allows.
       vLLM-Ascend: 'pull' (MooncakeConnector: prefill first, then the decode allocates, pulls the whole cache and its
       first step gives the first token) or 'layerwise' (MooncakeLayerwiseConnector: the decode preallocates, the
       prefill pushes each layer as its forward writes it, so only the last layer's share is left when it ends).
@@ -135,6 +137,7 @@ class Scheduler:
     MIN_RATIO: ClassVar[float] = 0.7 * 0.14
     DECAY: ClassVar[float] = (0.7 - 0.7 * 0.14) / 600
     CLIP: ClassVar[int] = 4096
+    RESERVED_DECODE_TOKENS: ClassVar[int] = 512  # SGLang server_args num_reserved_decode_tokens (PD decode prealloc)
 
     def __post_init__(self):
         if self.policy not in SCHEDULERS:

@@ -117,7 +117,7 @@ class Rank:
     def plan(self, prefill: bool = True):
         """Form this step's batch: (seconds, decoding requests, [(prefilling request, prompt tokens)]); `prefill`
         False: the prompts are held this pass (SGLang's prefill delayer)."""
-        if not self.running and not self.waiting:
+        if not self.running and not self.waiting and not self.prealloc:
             return IDLE
         inst, sched = self.instance, self.instance.sim.deployment.scheduler
         tps = inst.sim.deployment.mtp.tokens_per_seq
@@ -227,9 +227,10 @@ class Rank:
 
     def admit_handoffs(self) -> None:
         sim = self.instance.sim
-        while self.waiting and len(self.running) + self.inbound < self.max_batch:
+        while self.waiting and len(self.running) + self.inbound + len(self.arrived) < self.max_batch:
             r = self.waiting[0]
-            if self.kv_used + r.kv > (self.admit_limit if self.running or self.inbound else self.kv_tokens):
+            if self.kv_used + r.kv > (self.admit_limit if self.running or self.inbound or self.arrived
+                                      else self.kv_tokens):
                 return
             self.waiting.popleft()
             self.queued -= r.kv
@@ -249,12 +250,16 @@ class Rank:
         self.admit_prealloc()
 
     def admit_prealloc(self) -> None:
-        """SGLang's DecodePreallocQueue: reserve the prompt's cache while the running limit and the cache allow (the
+        """SGLang's DecodePreallocQueue: reserve the prompt's cache while the running limit allows and the cache
+        holds it beside num_reserved_decode_tokens for every active request (vLLM-Ascend's layerwise connector: the
         headroom kept while others run), then hand the request to a prefill rank (its bootstrap is done)."""
         sim = self.instance.sim
-        while self.prealloc and len(self.running) + self.inbound < self.max_batch:
+        reserve = 0 if sim.layerwise else Scheduler.RESERVED_DECODE_TOKENS
+        while self.prealloc and len(self.running) + self.inbound + len(self.arrived) < self.max_batch:
             r = self.prealloc[0]
-            if self.kv_used + r.prompt > (self.admit_limit if self.running or self.inbound else self.kv_tokens):
+            others = len(self.running) + self.inbound + len(self.arrived)
+            limit = self.admit_limit if others and sim.layerwise else self.kv_tokens
+            if self.kv_used + r.prompt + (reserve * (others + 1) if others else 0) > limit:
                 return
             self.prealloc.popleft()
             self.queued -= r.prompt
