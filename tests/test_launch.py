@@ -752,3 +752,13 @@ def test_cli_predict_launch_predicts_the_launched_plan(cli, tmp_path):
     assert [got["summary"][k] for k in figures] == [exp["summary"][k] for k in figures]
     r = cli("predict", "--launch", tmp_path / "missing.sh")
     assert r.returncode == 2 and "--launch" in r.stderr and "no such file" in r.stderr
+
+
+def test_cli_serve_launch_takes_the_framework_and_names_what_it_reads(cli, tmp_path):
+    doc = tmp_path / "v32.sh"
+    doc.write_text(SGLANG_V32_DOC)
+    r = cli("serve", "--launch", doc, "--hw", "cloudmatrix384", "--model", "deepseek-v3.2-exp", "--concurrency", "2",
+            "--requests", "2", "--input", "2048", "--output", "8", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert "(sglang)" in r.stderr and "scheduler sglang" in r.stderr
+    assert "--enable-nsa-prefill-context-parallel" in r.stderr  # unknown to 0.5.23, named

@@ -72,9 +72,10 @@ def _launch(args):
     return launch(args.emit, setup.plan, setup.model, setup.quant, setup.system, limits)
 
 
-def _from_launch(args) -> None:
-    """--launch FILE: its deployment becomes this prediction's plan (a plan file in a temporary directory, named
-    after FILE), and its quantisation and decode batch unless --quant / --batch differ from their defaults."""
+def from_launch(args) -> None:
+    """--launch FILE: its deployment becomes this run's plan (a plan file in a temporary directory, named after
+    FILE), and its quantisation and decode batch unless --quant / --batch differ from their defaults; `npusim serve`
+    also takes the framework's step semantics (--scheduler)."""
     import sys
     import tempfile
 
@@ -89,9 +90,12 @@ def _from_launch(args) -> None:
     args.plan = str(path)
     if args.quant == defaults.SCENARIO["quant"]:
         args.quant = dep.quant
-    if args.batch == defaults.SCENARIO["batch"] and dep.batch:
+    if getattr(args, "batch", None) == defaults.SCENARIO["batch"] and dep.batch:
         args.batch = dep.batch
-    said = [f"read {args.launch} ({dep.framework}) as plan {path}, quant {args.quant}, batch {args.batch}"]
+    if hasattr(args, "scheduler"):
+        args.scheduler = "sglang" if dep.framework == "sglang" else "vllm"
+    said = [f"read {args.launch} ({dep.framework}) as plan {path}, quant {args.quant}"
+            + (f", batch {args.batch}" if hasattr(args, "batch") else f", scheduler {args.scheduler}")]
     said += [f"unknown to the release: {' '.join(dep.unknown)}"] if dep.unknown else []
     said += [f"not modelled: {' '.join(dep.unmodelled)}"] if dep.unmodelled else []
     print("\n".join(said + list(dep.notes)), file=sys.stderr)
@@ -102,7 +106,7 @@ def run(args) -> None:
     from npusim.results.cost import CostParams, cost
 
     if args.launch:
-        _from_launch(args)
+        from_launch(args)
     pred = api.predict(args.hw, args.model, args.plan, input=args.input, output=args.output, batch=args.batch,
                        prefill_batch=args.prefill_batch, context=args.context,
                        quant=None if args.quant == "model" else args.quant, prefix_hit=args.prefix_hit,

@@ -35,6 +35,9 @@ def register(sub) -> None:
     p.add_argument("--hw", default=d["hw"], help=f"system (default {d['hw']})")
     p.add_argument("--model", default=d["model"], help=f"model name or HF config.json (default {d['model']})")
     p.add_argument("--plan", default=d["plan"], help=f"plan name or YAML (default {d['plan']})")
+    p.add_argument("--launch", default=None, metavar="FILE",
+                   help="an SGLang or vLLM-Ascend launch script: its deployment is the plan and quantisation served "
+                        "(--plan is ignored; --quant, when given, wins) and its framework the --scheduler")
     p.add_argument("--quant", default=d["quant"], help=f"quantisation preset (default {d['quant']}; 'model' = the "
                                                        "checkpoint's own format)")
     load = p.add_mutually_exclusive_group()
@@ -114,6 +117,9 @@ def _run(args) -> None:
         raise NpusimError("a trace gives every request's lengths: drop --input / --output", field="--trace")
     if args.trace and args.concurrency is not None:
         raise NpusimError("a trace replays its own arrivals: drop --concurrency", field="--concurrency")
+    if args.launch:
+        from npusim.cli.predict import from_launch
+        from_launch(args)
     requests = args.requests  # None: the steady rule's, per rate (`serve_one`)
     rates = parse_rates(args.rates) if args.rates else [args.rate]
     loads = [make_load(args, rate) for rate in rates]  # refuse a bad load before any engine work
