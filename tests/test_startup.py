@@ -1,6 +1,6 @@
 """The CLI starts at once (issue 30): building the parser, which every `npusim --help`, `--version` and subcommand
-`--help` does and nothing more, loads neither pandas, matplotlib, NumPy, the engine nor npusim.api; a prediction loads
-no matplotlib (figures only); and the defaults the help shows, mirrored in npusim.cli.defaults, equal their owners'."""
+`--help` does and nothing more, loads neither pandas, matplotlib, NumPy, the engine nor npusim.api; a prediction and a
+sweep's workers load no matplotlib (figures only); and the defaults the help shows, mirrored in npusim.cli.defaults, equal their owners'."""
 
 import dataclasses
 import importlib
@@ -61,6 +61,14 @@ def test_prediction_loads_no_matplotlib():
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["summary"]["tpot_s"] > 0
     assert run.stderr.strip().splitlines()[-1] == "False"
+
+
+def test_a_sweep_worker_loads_no_matplotlib_until_a_figure_is_drawn():
+    code = ("import sys; import npusim.sweeps, npusim.sweeps.run; print('matplotlib' in sys.modules); "
+            "from npusim.sweeps import figures; print('matplotlib' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["False", "True"]
 
 
 def test_help_defaults_equal_their_owners():

@@ -8,13 +8,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from npusim.results.tables import write_table
-from npusim.sweeps.figures import write_figures
 from npusim.sweeps.run import DiskCache, run_sweep
 from npusim.sweeps.spec import SweepSpec
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def sweep(spec: str | Path | SweepSpec | None = None, *, base: dict | None = None, grid: dict | None = None,
@@ -36,7 +37,11 @@ def save(frame: pd.DataFrame, spec: SweepSpec, out: str | Path, figures: bool = 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = write_table(frame, out / spec.name)
-    return written + (write_figures(frame, spec, out) if figures else [])
+    if not figures:
+        return written
+    from npusim.sweeps.figures import write_figures  # matplotlib loads only when a figure is drawn, not in workers
+
+    return written + write_figures(frame, spec, out)
 
 
 __all__ = ["SweepSpec", "save", "sweep"]
