@@ -1,6 +1,7 @@
 """The CLI starts at once (issue 30): building the parser, which every `npusim --help`, `--version` and subcommand
 `--help` does and nothing more, loads neither pandas, matplotlib, NumPy, the engine nor npusim.api; a prediction and a
-sweep's workers load no matplotlib (figures only); and the defaults the help shows, mirrored in npusim.cli.defaults, equal their owners'."""
+sweep's workers load no matplotlib (figures only); and the defaults the help shows, mirrored in npusim.cli.defaults,
+equal their owners'."""
 
 import dataclasses
 import importlib

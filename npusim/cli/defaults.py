@@ -29,9 +29,10 @@ LAUNCH_MODES = ("eager", "graph", "device", "none")
 PERCENTILES = ("mean", "p50", "p90", "p99")
 TRAFFIC = {"percentile": "p99", "requests": 200, "seed": 0}
 
-# The owner of each mirror above, for tests/test_startup.py: name here -> (module, attribute or Traffic field).
+# The owner of each mirror above but TRAFFIC (the test reads Traffic's fields), for tests/test_startup.py:
+# name here -> (module, attribute).
 OWNERS = {"SCENARIO": ("npusim.api", "DEFAULT"), "SCHEDULERS": ("npusim.serving.deployment", "SCHEDULERS"),
           "MAX_BATCH": ("npusim.serving.predicted", "MAX_BATCH"),
-          "TOKEN_BUDGET": ("npusim.serving.predicted", "TOKEN_BUDGET"),
-          "PHASES": ("npusim.graph", "PHASES"), "L2_STATES": ("npusim.engine.l2state", "L2_STATES"), "LAUNCH_MODES": ("npusim.engine.result", "LAUNCH_MODES"),
+          "TOKEN_BUDGET": ("npusim.serving.predicted", "TOKEN_BUDGET"), "PHASES": ("npusim.graph", "PHASES"),
+          "L2_STATES": ("npusim.engine.l2state", "L2_STATES"), "LAUNCH_MODES": ("npusim.engine.result", "LAUNCH_MODES"),
           "PERCENTILES": ("npusim.planner.search", "PERCENTILES")}
