@@ -9,6 +9,8 @@ Rows (ids as in validation.md):
 - CRI V4-Flash W8A8 on A3, 8K, batch 7168 / 8192: the compressor and mHC-pre kernels against their measured rows.
 - Marginal cost: for each pair of published rows of one deployment that differ only in batch, the step time one more
   sequence per rank adds, published vs predicted.
+- Issue 28 item 3: the fused dispatch / combine against K08 / K01 (buffer vs rows model), SGLang's W4A8 DP16 step
+  with the A8W4 MSD grouped matmul's structure priced beside npusim's, and CMI 8 per NPU's floors.
 
 Run: python experiments/decode_outliers.py -> experiments/results/decode_outliers.{md,csv}
 """
@@ -16,12 +18,15 @@ Run: python experiments/decode_outliers.py -> experiments/results/decode_outlier
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from npusim import api
+from npusim.parallel.collectives import Collective, collective_time
+from npusim.spec.system import load_system
 from validate import OUT_OF_SAMPLE, ROWS, Row  # sibling script (run as python experiments/decode_outliers.py)
 
 OUT = Path(__file__).parent / "results"
@@ -219,6 +224,149 @@ def a3_kernels() -> tuple[pd.DataFrame, float]:
 
 
 # ------------------------------------------------------------------------------------------ report
+# ------------------------------------------------------------------------------------------ issue 28 item 3
+LL_ROWS = 128 * 8  # published.md K08 / K01: 128 tokens per rank, top-8 ((token, expert) rows one rank sends)
+HIDDEN = 7168
+FUSED = [("K08", 8, 132, 126), ("K08", 16, 139, 135), ("K08", 32, 153, 151), ("K01", 8, 116, 118),
+         ("K01", 256, 152, 149)]  # (row, EP, published dispatch us, combine us)
+
+
+def fused_exchange() -> pd.DataFrame:
+    """K08 / K01 as the buffer exchange (no rows: what comm_validation.py times) and as the MC2 kernel moves them
+    (rows counted: npusim.parallel.collectives), beside the published latencies."""
+    cm, out = load_system("cloudmatrix384"), []
+    for key, ep, dispatch, combine in FUSED:
+        for kind, size, pub in (("dispatch INT8", LL_ROWS * HIDDEN, dispatch), ("combine BF16", 2 * LL_ROWS * HIDDEN,
+                                                                                combine)):
+            buf = collective_time(Collective("all_to_all", size, ep), cm).time * 1e6
+            rows = collective_time(Collective("all_to_all", size, ep, rows=LL_ROWS), cm).time * 1e6
+            out.append({"row": key, "ep": ep, "kind": kind, "published_us": pub, "buffer_us": buf,
+                        "buffer_err_%": 100 * (buf / pub - 1), "rows_us": rows, "rows_err_%": 100 * (rows / pub - 1)})
+    return pd.DataFrame(out)
+
+
+W4A8 = row("R1 W4A8 SGLang PD, decode DP16 + EP16, MTP3, 2K+2K")
+QUANT_GROUP = 256  # K elements per INT4 scale of the R1 W4A8 checkpoint (SGLang NPUW4A8Int4DynamicMoEMethod group_size)
+
+
+def msd_gmm_us(chip, experts: int, rows: float, n: int, k: int) -> float:
+    """Estimate (not a model of npusim): the A8W4 MSD grouped matmul as ops-transformer writes it
+    (gmm/grouped_matmul/op_kernel/grouped_matmul_antiquant_a8w4_msd.h, GMMA8W4MSDCompute): each INT8 row split into
+    two INT4 rows (m doubled), blocks of 128 x 256 dealt over the AICs, and per block one Matmul Iterate per
+    quantisation group of K, each loading its 256 x 256 INT4 weight slice from HBM, running the INT4 cube (taken at
+    twice the INT8 rate, the 16x64x16 fractal of hardware.md §0) and writing its dequantised half block through
+    FIXPIPE into a GM workspace with atomic add; the Iterates of a block follow each other. The chip's pipe rates
+    and start-ups price each Iterate; the AIV epilogue (hi / lo merge, per-token scale) overlaps the next block."""
+    a = chip.aic.pipes
+    m2 = min(2 * math.ceil(rows), 128)
+    m16 = 16 * math.ceil(m2 / 16)
+    blocks = experts * math.ceil(2 * math.ceil(rows) / 128) * math.ceil(n / 256)
+    w = 256 * 256 * 0.5
+    cycles = (a["mte2"].latency_cycles + w / a["mte2"].routes["hbm>l1"] + m2 * 256 * 0.5 / a["mte2"].bytes_per_cycle
+              + a["mte1"].latency_cycles + w / a["mte1"].routes["l1>l0b"]
+              + 2 * m16 * 256 * 256 / (2 * chip.aic.cube.flop_per_cycle["int8"])
+              + a["fixpipe"].latency_cycles + m16 * 256 * 2 / a["fixpipe"].bytes_per_cycle)
+    per_core = math.ceil(blocks / chip.aic.count)
+    return (per_core * math.ceil(k / QUANT_GROUP) * cycles / chip.clock + chip.overheads.graph_launch) * 1e6
+
+
+def msd_iterates(chip, experts: int, rows: float, n: int, k: int) -> int:
+    """Matmul Iterates the busiest AIC runs in the MSD grouped matmul (one per block and quantisation group)."""
+    blocks = experts * math.ceil(2 * math.ceil(rows) / 128) * math.ceil(n / 256)
+    return math.ceil(blocks / chip.aic.count) * math.ceil(k / QUANT_GROUP)
+
+
+def w4a8_gmm() -> pd.DataFrame:
+    """The routed experts' GEMMs of the W4A8 rows: npusim's time (INT4 weights run as INT8, their bytes too) beside
+    the MSD kernel's structure, per MoE layer."""
+    cases = [("SGL W4A8 DP16 2K+2K", W4A8)] + [
+        (f"CRI V3.2 W4A8C8 {n} ranks", row(f"V3.2 W4A8C8 decode {n} ranks, MTP3, 64K, batch {n}")) for n in (64, 32)]
+    out = []
+    for label, r in cases:
+        setup = api.load_setup(r.hw, r.model, r.plan, r.quant, r.overrides)
+        m, inst, chip = setup.model, setup.plan.decode, setup.system.chip_spec
+        p = predict(r)
+        b = p.breakdown()
+        b = b[b.layer.isin(["mla-moe", "dsa-moe"])].set_index("op")
+        experts = m.n_routed_experts // inst.moe.ep
+        tokens = r.batch / ranks(r) * (1 + setup.plan.mtp.depth)  # query tokens per die: the batch and its drafts
+        rows = tokens * m.num_experts_per_tok / experts
+        for op, n, k in (("experts_gate_up", 2 * m.moe_intermediate_size, m.hidden_size),
+                         ("experts_down", m.hidden_size, m.moe_intermediate_size)):
+            est = msd_gmm_us(chip, experts, rows, n, k)
+            out.append({"row": label, "op": op, "experts_per_die": experts, "rows_per_expert": round(rows, 1),
+                        "npusim_us": b.loc[op, "per_call_us"], "int8_weight_roofline_us": b.loc[op, "roofline_us"],
+                        "msd_estimate_us": est, "iterates": msd_iterates(chip, experts, rows, n, k),
+                        "moe_passes": int(b.loc[op, "x"]) + int(p.breakdown().query("layer == 'mtp' and op == @op").x.sum()),
+                        "tokens_per_step": p.decode.time / p.tpot})
+    return pd.DataFrame(out)
+
+
+def iterate_overhead(gmm: pd.DataFrame, deltas: pd.DataFrame) -> pd.DataFrame:
+    """The per-Iterate cost beyond the MSD estimate's pipes that would make npusim's W4A8 GMM (today the W8A8 one's
+    time) move the CRI W4A8C8 rows by their published change: a check of the MSD structure, not a fit (the rows are
+    models.md §3.3's)."""
+    out = []
+    for n in (64, 32):
+        g = gmm[gmm.row == f"CRI V3.2 W4A8C8 {n} ranks"]
+        d = deltas.set_index("ranks").loc[n]
+        step_delta = (d["published_w4a8_ms"] - d["published_w8a8_ms"]) * 1e3 * g.tokens_per_step.iloc[0]
+        implied = g.npusim_us.sum() + step_delta / g.moe_passes.iloc[0]
+        out.append({"ranks": n, "npusim_gmm_us": g.npusim_us.sum(), "published_change_per_layer_us":
+                    step_delta / g.moe_passes.iloc[0], "implied_gmm_us": implied, "msd_estimate_us":
+                    g.msd_estimate_us.sum(), "iterates": g.iterates.sum(),
+                    "overhead_per_iterate_us": (implied - g.msd_estimate_us.sum()) / g.iterates.sum()})
+    return pd.DataFrame(out)
+
+
+def w4a8_deltas() -> pd.DataFrame:
+    """W4A8C8 against W8A8C8 on the same V3.2 deployment (models.md §3.3, in validate.py): published and npusim."""
+    out = []
+    for n in (64, 32):
+        w8, w4 = (row(f"V3.2 {q} decode {n} ranks, MTP3, 64K, batch {n}") for q in ("W8A8C8", "W4A8C8"))
+        t8, t4 = predict(w8).tpot, predict(w4).tpot
+        out.append({"ranks": n, "published_w8a8_ms": w8.published * 1e3, "published_w4a8_ms": w4.published * 1e3,
+                    "published_change_%": 100 * (w4.published / w8.published - 1), "npusim_w8a8_ms": t8 * 1e3,
+                    "npusim_w4a8_ms": t4 * 1e3, "npusim_change_%": 100 * (t4 / t8 - 1)})
+    return pd.DataFrame(out)
+
+
+def w4a8_layer(top: int = 14) -> tuple[pd.DataFrame, float, float]:
+    """The W4A8 DP16 row's MoE layer op by op, and its published and predicted steps."""
+    p = predict(W4A8)
+    b = p.breakdown()
+    b = b[b.layer == "mla-moe"][["op", "kind", "per_call_us", "roofline_us", "bound"]]
+    return (b.sort_values("per_call_us", ascending=False).head(top).reset_index(drop=True), published_step(W4A8, p),
+            p.decode.time)
+
+
+def cmi_floor() -> pd.DataFrame:
+    """CMI 8 per NPU on one stream: the MoE layer's kernels, their launches, the weights' HBM floor and the two
+    fused exchanges, beside the per-layer budget the published step leaves."""
+    one = {"plan.streams.two_microbatch": "false", "plan.streams.attention_cores": "0"}
+    p = predict(CMI8, **one)
+    b = p.breakdown()
+    b = b[b.layer == "mla-moe"]
+    comm = b[b.kind.str.startswith("comm:")]
+    kernels = b[~b.kind.str.startswith("comm:")]
+    chip = api.load_setup(CMI8.hw, CMI8.model, CMI8.plan, CMI8.quant, CMI8.overrides).system.chip_spec
+    gemms = kernels[kernels.kind.isin(["gemm", "grouped_gemm"])]
+    layer = next(lt for lt in p.decode.layers if lt.name == "mla-moe")
+    return pd.DataFrame([
+        {"part (one MoE layer, 8 per NPU, one stream)": "kernels launched", "us": float(len(kernels))},
+        {"part (one MoE layer, 8 per NPU, one stream)": "their graph launches (x overheads.graph_launch)",
+         "us": len(kernels) * chip.overheads.graph_launch * 1e6},
+        {"part (one MoE layer, 8 per NPU, one stream)": "GEMM rooflines (weights at HBM rate)",
+         "us": gemms.roofline_us.sum()},
+        {"part (one MoE layer, 8 per NPU, one stream)": "GEMM kernels as timed", "us": gemms.per_call_us.sum()},
+        {"part (one MoE layer, 8 per NPU, one stream)": "other kernels as timed",
+         "us": kernels.per_call_us.sum() - gemms.per_call_us.sum()},
+        {"part (one MoE layer, 8 per NPU, one stream)": "dispatch + combine", "us": comm.per_call_us.sum()},
+        {"part (one MoE layer, 8 per NPU, one stream)": "= the layer (comm partly hidden)", "us": layer.time * 1e6},
+        {"part (one MoE layer, 8 per NPU, one stream)": "published step / 61 layers",
+         "us": published_step(CMI8, p) / 61 * 1e6}])
+
+
 def md(frame: pd.DataFrame, index: bool = False) -> str:
     return frame.round(2).to_markdown(index=index)
 
@@ -249,6 +397,16 @@ def main() -> None:
     a18 = row(V32_ROWS[0][1])
     prolog = {k: predict(a18, **x) for k, x in (("off", {}), ("on", {"plan.fusion.mla_prolog": "true"}))}
     a3_base = predict(A3_FLASH).tpot
+    fused_tab = fused_exchange()
+    gmm, deltas = w4a8_gmm(), w4a8_deltas()
+    overhead = iterate_overhead(gmm, deltas)
+    w4_layer, w4_pub, w4_pred = w4a8_layer()
+    cmi_parts = cmi_floor()
+    dp16 = gmm[gmm.row == "SGL W4A8 DP16 2K+2K"]
+    dp16_low, dp16_high = (dp16.msd_estimate_us.sum() + dp16.iterates.sum() * overhead.overhead_per_iterate_us.agg(f)
+                           for f in ("min", "max"))
+    w4_missing = (w4_pub - w4_pred) / dp16.moe_passes.iloc[0] * 1e6
+    w4_comm = w4_layer.set_index("op").per_call_us
 
     p768, p8k = predict(r768), predict(r768_8k)
     pub768 = published_step(r768, p768)
@@ -434,10 +592,92 @@ share of the gap is in these kernels, which are the "kfix" helper's (mhc_pre, co
 the A3); they are left to it. The shipped A3 V4-Flash config (cann-recipes `models/deepseek_v4/config/ci_a3/
 deepseek_v4_flash_rank_128_128ep_w8a8.yaml`, 128 ranks, next_n 1) splits the LM head TP4, which npusim's plan does not (it would make the rows faster still), and keeps the indexer
 cache INT8 where the w8a8 preset stores BF16 (faster too): neither is the cause.
+
+## 6. The decode step where it is fast or slow (issue 28 item 3)
+
+### 6a. The fused dispatch and combine (published.md K08, K01)
+
+DeepEP-Ascend's low-latency dispatch is CANN's MC2 kernel (moe_distribute_dispatch_v2, full-mesh form on A3): each
+AIV takes its share of the destination experts and walks their (token, expert) rows one at a time, loading the
+token, quantising it and writing it into the peer's window (op_kernel/moe_distribute_dispatch_v2_full_mesh.h,
+SendToMoeExpert -> TokenToExpertInQuant, mirror yuanfang-chen/ops-transformer @ 00ff90a); the combine writes the
+expert outputs back row by row. So the INT8 dispatch, half the combine's bytes, takes as long as the BF16 combine
+(K08: 132-153 vs 126-151 us): rows bind both, not bytes. npusim now times a fused MoE all-to-all as at least
+ceil(rows / AIVs) rows, each its GM -> UB load and UB -> window store (DMA start-ups, bytes at the AIV's MTE
+rates) plus one tier latency for the store to land, and moves its bytes at the AIV-direct UB rate of HCCL's AIV
+kernels (`hccl.efficiency`, K204); no parameter is new or refitted. At 128 tokens per rank (the `buffer` columns are
+the exchange as comm_validation.py still times it, without rows):
+
+{md(fused_tab)}
+
+Median |error| over the ten: {fused_tab['buffer_err_%'].abs().median():.0f} % -> {fused_tab['rows_err_%'].abs().median():.0f} %. What the rows model
+leaves out: the growth with EP (+21 us from EP8 to EP32, +36 us from EP8 to EP256; npusim's row bound is
+EP-independent: the fabric's hops are one latency figure) and the dispatch's own quantisation per row (its bf16
+load is twice the bytes sent). In a decode step a row is one of the routed GEMM's rows, so at a few tokens per die
+the exchange stays the setup plus latency it was; the W4A8 DP16 rows' 88 tokens per die (704 rows) now cost
+{w4_comm['moe_dispatch']:.0f} us to dispatch and {w4_comm['moe_combine_all_to_all']:.0f} us to combine (85 and 116 us as a buffer exchange).
+
+### 6b. SGLang's W4A8 DP16 decode: where the step is short
+
+The published step of the 2K+2K row is {w4_pub * 1e3:.1f} ms (TPOT x 2.86 accepted tokens), npusim's
+{w4_pred * 1e3:.1f} ms: {w4_missing:.0f} us short per MoE pass ({dp16.moe_passes.iloc[0]} per step, MTP included). The MoE
+layer as npusim runs it, its largest launches (22 sequences x 4 query tokens per die, 16 experts per die, 44 rows
+per expert):
+
+{md(w4_layer)}
+
+**The W4A8 grouped matmul is not where it hides.** SGLang's DeepEP path calls npu_grouped_matmul with INT8
+activations, INT4 weights packed in int32, per-group uint64 scales and a bias (sglang python/sglang/srt/
+hardware_backend/npu/quantization/fused_moe_method_npu.py, NPUW4A8Int8DynamicMoEMethod.apply_without_routing_weights
+@ 007baab). ops-transformer's A8W4 MSD template (GMMA8W4MSDCompute) splits each INT8 row into two INT4 rows and runs
+one Matmul Iterate per 256-deep quantisation group, each FIXPIPE-dequantised and atomically added into a GM
+workspace. npusim runs INT4 weights as INT8 (optime.GEMM_SCHEMES, their bytes too). Priced from the chip's pipe
+rates (section's `msd_gmm_us`, an estimate outside npusim's kernels):
+
+{md(gmm.drop(columns=["moe_passes", "tokens_per_step"]))}
+
+The same structure read against the in-sample W4A8C8 / W8A8C8 pairs of the V3.2 deployment (models.md §3.3, rows of
+validation.md), which npusim now prices alike:
+
+{md(deltas)}
+
+{md(overhead)}
+
+A per-Iterate set-up of {overhead.overhead_per_iterate_us.min():.2f}-{overhead.overhead_per_iterate_us.max():.2f} us beyond the pipes
+(the Matmul API's SetTensorA / SetTensorB / SetQuantVector and the synchronous GetTensorC) reconciles the MSD
+structure with both published changes (not fitted: the rows are models.md's, and the two disagree by 2x). At the
+DP16 shape that gives {dp16_low:.0f}-{dp16_high:.0f} us for the two GEMMs against npusim's {dp16.npusim_us.sum():.0f}: at most
+{max(0.0, dp16_high - dp16.npusim_us.sum()):.0f} us of the {w4_missing:.0f} us missing per MoE pass. A kernel of its own for the
+MSD form would move the CRI W4A8C8 rows toward their published change (npusim's W4A8 now equals its W8A8) more than
+the DP16 rows; it is not built here (no measured A8W4 kernel row to check it on).
+Remaining candidates, none measured: the MLA attention over 4 query tokens x 128 heads (353 us, cube-bound in
+npusim; no A3 row of FIA at MTP3 shapes), the small ops' in-network floors (kernel_validation.md's MSM-GAP in-network
+rows are 13-50 % above npusim's), and SGLang's per-step host work between the draft and verify graphs (the
+speculative worker's draft-extend pass is not in the step).
+
+### 6c. CloudMatrix-Infer, 8 per NPU: the floors of a small step
+
+One MoE layer at 4 sequences per die (one stream, all cores), what npusim spends beside the per-layer budget the
+published step leaves:
+
+{md(cmi_parts)}
+
+The weights alone, at the HBM rate, take {cmi_parts.set_index(cmi_parts.columns[0]).us.iloc[2]:.0f} us of the {cmi_parts.us.iloc[-1]:.0f} us
+budget, and the {cmi_parts.us.iloc[0]:.0f} kernels' graph launches (6 us each, fitted on the in-sample A3 rows)
+another {cmi_parts.us.iloc[1]:.0f} us; with the two exchanges at their ~{cmi_parts.us.iloc[5] / 2:.0f} us floor (K01's setup at a few rows) there is
+no room left for the kernels' own time. The in-network kernel rows do not support lower floors: every MSM-GAP pair
+on an A3 die is slower inside the serving step than replayed (K124 1.8x, K193 2.1x, K195 2.0x), and npusim's
+in-network predictions of them are already 13-50 % short. Either the row's 8-per-NPU reading (the paper's 538
+tokens/s per NPU under 15 ms taken as 8 sequences per NPU at MTP1 0.7, through a secondary restatement) overstates
+the batch, or the paper's decode runs below the in-graph floors every measured row shows; nothing in the references
+tells which, and the row stays as it is.
 """
     (OUT / "decode_outliers.md").write_text(text)
     pd.concat([marg.assign(table="marginal"), terms.reset_index().assign(table="v32_terms"),
-               sched.assign(table="cmi_schedules"), a3.assign(table="a3_kernels")],
+               sched.assign(table="cmi_schedules"), a3.assign(table="a3_kernels"),
+               fused_tab.assign(table="fused_exchange"), gmm.assign(table="w4a8_gmm"),
+               deltas.assign(table="w4a8_deltas"), overhead.assign(table="msd_iterate_overhead"),
+               cmi_parts.assign(table="cmi_floor")],
               ignore_index=True).round(3).to_csv(OUT / "decode_outliers.csv", index=False)
     print(text)
 
