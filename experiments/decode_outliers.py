@@ -605,7 +605,9 @@ expert outputs back row by row. So the INT8 dispatch, half the combine's bytes, 
 (K08: 132-153 vs 126-151 us): rows bind both, not bytes. npusim now times a fused MoE all-to-all as at least
 ceil(rows / AIVs) rows, each its GM -> UB load and UB -> window store (DMA start-ups, bytes at the AIV's MTE
 rates) plus one tier latency for the store to land, and moves its bytes at the AIV-direct UB rate of HCCL's AIV
-kernels (`hccl.efficiency`, K204); no parameter is new or refitted. At 128 tokens per rank (the `buffer` columns are
+kernels (`hccl.efficiency`, K204); no parameter is new or refitted. The 950's kernel (op_kernel/arch35/
+moe_distribute_dispatch_arch35.h) scatters the rows into a local send buffer and hands the exchange to the CCU, so
+the 950 rows keep the buffer exchange (npusim.parallel.step ROW_WRITING_ARCHS). At 128 tokens per rank (the `buffer` columns are
 the exchange as comm_validation.py still times it, without rows):
 
 {md(fused_tab)}

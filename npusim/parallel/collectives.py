@@ -27,7 +27,8 @@ The fused dispatch / combine moves rows, not a buffer: each AIV takes its share 
 their (token, expert) rows one at a time, loading the token, quantising it (dispatch) and writing it into the peer's
 window (CANN ops-transformer mc2/moe_distribute_dispatch_v2 op_kernel/moe_distribute_dispatch_v2_full_mesh.h,
 SendToMoeExpert -> TokenToExpertInQuant per row, mirror yuanfang-chen/ops-transformer @ 00ff90a; the combine writes
-each expert output row back the same way). A row's write crosses the fabric before the AIV's buffer takes the next,
+each expert output row back the same way; the step counts rows on the chips whose kernel this is, npusim.parallel.step
+ROW_WRITING_ARCHS). A row's write crosses the fabric before the AIV's buffer takes the next,
 so with `rows` given the kernel takes at least the busiest AIV's rows, each its two DMAs and one tier latency,
 whatever the bytes, and its bytes move at the AIV-direct rate of HCCL's AIV kernels (`hccl.efficiency`, fitted
 on K204) where the system has one; without `rows` it is timed as the buffer exchange it was before. That is why the low-latency dispatch (INT8, half the bytes) takes as long as the

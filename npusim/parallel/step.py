@@ -49,6 +49,11 @@ from npusim.spec.system import System
 HEAD_START = "final_norm"  # the op where a layer's head (final norm, LM head) begins
 MOE_ALL_TO_ALL = ("moe_dispatch", "moe_combine_all_to_all")  # the MoE's dispatch and combine (shard.py)
 ROUTED_GEMM = "experts_gate_up"  # the routed experts' first GEMM: its rows are the rows the dispatch brings
+# Chips whose fused MoE dispatch / combine write each (token, expert) row into the peer's window from the AIVs (CANN
+# ops-transformer mc2/moe_distribute_dispatch_v2 op_kernel/moe_distribute_dispatch_v2_full_mesh.h, the arch22 kernel
+# of A2 / A3). The 950's (op_kernel/arch35/moe_distribute_dispatch_arch35.h) scatters the rows into a local send
+# buffer and hands the exchange to the CCU (Hccl<HCCL_SERVER_TYPE_CCU>): its rows cross no fabric one by one.
+ROW_WRITING_ARCHS = ("dav-c220",)
 
 
 @dataclass(frozen=True)
@@ -334,11 +339,12 @@ def _add_part(sched: _Schedule, part: RankLayer, tag: str, prev: str | None, off
 
 
 def mc2_rows(c: Collective, part: RankLayer, chip, pool: float) -> Collective:
-    """The fused MoE dispatch / combine with the (token, expert) rows its AIVs move one at a time
-    (npusim.parallel.collectives): the rows this rank's experts take (the routed GEMM's), which in balance are the
-    rows it sends out, moved by the AIVs the kernel holds (`comm.fused_dispatch_aiv` of the FFN partition's)."""
+    """The fused MoE dispatch / combine with the (token, expert) rows its AIVs write one at a time
+    (npusim.parallel.collectives) on the chips whose kernel does so (ROW_WRITING_ARCHS): the rows this rank's experts
+    take (the routed GEMM's), which in balance are the rows it sends out, moved by the AIVs the kernel holds
+    (`comm.fused_dispatch_aiv` of the FFN partition's)."""
     experts = next((o for o in part.ops if o.name == ROUTED_GEMM), None)
-    if experts is None or c.kind != "all_to_all" or not c.fused_moe:
+    if experts is None or c.kind != "all_to_all" or not c.fused_moe or chip.arch not in ROW_WRITING_ARCHS:
         return c
     share = chip.comm.fused_dispatch_aiv if chip.comm is not None else 1.0
     return dataclasses.replace(c, rows=int(experts.shape.get("rows", 0)), issuers=share * pool)
