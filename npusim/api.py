@@ -21,6 +21,7 @@ from npusim.parallel.step import StepTime, step_time
 from npusim.parallel.transfer import exposed, kv_path
 from npusim.results.energy import step_energy
 from npusim.results.prediction import Prediction
+from npusim.spec.draft import load_draft
 from npusim.spec.model import ModelConfig, load_model
 from npusim.spec.plan import Plan, load_plan
 from npusim.spec.quant import QuantScheme, get_quant
@@ -210,6 +211,8 @@ def _check_plan(cfg: ModelConfig, pl: Plan, system: System) -> None:
     if cfg.is_v4 and pl.prefill_attention.kernel != "sparse":
         raise NpusimError(f"{cfg.name} has no MHA-mode prefill (V4 attention has one form); use sparse", file=where,
                           field="prefill_attention.kernel")
+    if pl.mtp.draft and pl.mtp.depth:
+        load_draft(pl.mtp.draft, file=where)
     if pl.ranks > system.ranks:
         raise NpusimError(f"the plan needs {pl.ranks} ranks but {system.name} has {system.ranks}", file=where,
                           field="ranks")

@@ -46,8 +46,39 @@ def add_set(parser) -> None:
                         help="override any field by dotted path, e.g. --set hbm.bandwidth=4TB/s (repeatable)")
 
 
-def parse_overrides(items: list[str]) -> dict[str, str]:
+def add_speculative(parser, steps: bool = True) -> None:
+    """Speculative decoding as the frameworks launch it: an EAGLE-3 draft model (or the model's own NEXTN / MTP
+    layer), its steps and the accept length a bench log reports; they become plan.mtp.* overrides."""
+    parser.add_argument("--draft", metavar="CONFIG", default=None,
+                        help="EAGLE-3 draft model config.json proposing the drafts (SGLang / vLLM --speculative-"
+                             "algorithm EAGLE3, run in BF16); default the model's own MTP layer when the plan has one")
+    if steps:
+        parser.add_argument("--spec-steps", type=int, default=None, metavar="N",
+                            help="draft tokens per step (--speculative-num-steps; verified: N + 1); default the plan's "
+                                 "mtp.depth")
+    parser.add_argument("--accept-length", type=float, default=None, metavar="L",
+                        help="mean tokens a step emits, the accepted drafts plus one (a bench log's 'accept length'); "
+                             "default the plan's mtp.acceptance + 1")
+
+
+def speculative_overrides(args) -> dict[str, str]:
+    """The plan.mtp.* overrides of add_speculative's options (bad values are refused by the plan's own checks)."""
     out = {}
+    if args.draft is not None:
+        out["plan.mtp.draft"] = args.draft
+    if getattr(args, "spec_steps", None) is not None:
+        out["plan.mtp.depth"] = str(args.spec_steps)
+    if args.accept_length is not None:
+        if not args.accept_length >= 1:
+            raise NpusimError(f"must be at least 1 (the step's own token), got {args.accept_length:g}",
+                              field="--accept-length")
+        out["plan.mtp.acceptance"] = repr(args.accept_length - 1)
+    return out
+
+
+def parse_overrides(items: list[str], args=None) -> dict[str, str]:
+    """--set FIELD=VALUE items (after any speculative options of `args`, which --set may override)."""
+    out = speculative_overrides(args) if args is not None and hasattr(args, "draft") else {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():

@@ -55,6 +55,7 @@ def register(sub) -> None:
                         "--no-colocated skips these serving runs, seconds each)")
     p.add_argument("--figures", metavar="DIR", help="write frontier.png there: the disaggregated frontier and, with "
                                                   "--colocated, the deployments served beside it, in one figure")
+    common.add_speculative(p, steps=False)
     common.add_set(p)
     common.add_format(p)
     p.set_defaults(run=run)
@@ -93,13 +94,18 @@ def run(args) -> None:
     from npusim.results.cost import CostParams, chip_usd_per_second
     from npusim.serving import Slo
 
-    overrides = common.parse_overrides(args.overrides)
+    overrides = common.parse_overrides(args.overrides, args)
     slo = Slo.parse(args.slo)
     traffic = (Traffic(args.rate, args.concurrency, args.percentile, args.requests, args.seed)
                if args.rate is not None or args.concurrency is not None else None)
     quant = None if args.quant == "model" else args.quant
     sizes, depths = _ints(args.ranks, "--ranks"), _ints(args.mtp, "--mtp")
-    unknown = set(depths) - set(MTP_ACCEPTANCE)
+    if args.accept_length is not None and (len(depths) != 1 or not depths[0]):
+        raise NpusimError("an accept length is measured at one speculative depth: give one --mtp depth >= 1 with it",
+                          field="--accept-length")
+    if args.draft is not None and not any(depths):
+        raise NpusimError("a draft model proposes drafts at an --mtp depth >= 1", field="--draft")
+    unknown = set(depths) - set(MTP_ACCEPTANCE) if args.accept_length is None else set()
     if unknown:
         raise NpusimError(f"no published acceptance for depth {min(unknown)}; use {', '.join(map(str, MTP_ACCEPTANCE))}",
                           field="--mtp")
@@ -185,7 +191,7 @@ def run(args) -> None:
     print(f"written to {written}; confirm with:\n" + "\n".join(f"  {cmd}" for cmd in confirm))
     for name, (emitted, path) in launches.items():
         print(f"\n{emitted.framework.title} launch commands, written to {path}:\n")
-        print(emitted.script(), end="")
+        print(path.read_text(), end="")
 
 
 def _colocated(result):
@@ -242,5 +248,35 @@ def _launches(args, result, written, overrides) -> dict:
         emitted = launch(name, setup.plan, setup.model, setup.quant, setup.system, limits)
         path = written.with_name(f"{written.stem}.{name}.sh")
         path.write_text(emitted.script())
+        if emitted.notes and emitted.commands:
+            path.write_text(emitted.script() + _as_launched(sc, c.batch, setup, path, written, overrides))
         out[name] = (emitted, path)
     return out
+
+
+def _as_launched(sc, batch: int, setup, path, written, overrides) -> str:
+    """What the written commands run, predicted (issue 29): the launch read back (npusim.deploy.read) and predicted
+    at the plan's scenario beside the plan itself, as the script's last comment; '' when both predict the same."""
+    import tempfile
+
+    import yaml
+
+    from npusim import api
+    from npusim.deploy.read import read_launch
+    from npusim.planner.space import MTP_ACCEPTANCE
+
+    dep = read_launch(path, MTP_ACCEPTANCE)
+    tree = yaml.safe_dump(dep.plan, sort_keys=False)
+    launched = Path(tempfile.mkdtemp(prefix="npusim-launched-")) / f"{path.stem}.yaml"
+    launched.write_text(tree)
+    same = {**(overrides or {}), "plan.mtp.acceptance": str(setup.plan.mtp.acceptance)}  # not a launch flag
+    run = dict(input=sc.input, output=sc.output, batch=batch, quant=sc.quant)
+    want = api.predict(sc.hw, sc.model, str(written), overrides=overrides, **run)
+    try:
+        got = api.predict(sc.hw, sc.model, str(launched), overrides=same, **run)
+    except NpusimError as exc:
+        return f"# Predicted as launched: refused ({exc}).\n"
+    if (got.ttft, got.tpot) == (want.ttft, want.tpot):
+        return "# Predicted as launched: the same TTFT and TPOT as the plan.\n"
+    return (f"# Predicted as launched (these commands read back, at the plan's scenario): TTFT {got.ttft * 1e3:.0f} ms "
+            f"(the plan {want.ttft * 1e3:.0f} ms), TPOT {got.tpot * 1e3:.1f} ms (the plan {want.tpot * 1e3:.1f} ms).\n")

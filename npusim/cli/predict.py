@@ -42,6 +42,7 @@ def register(sub) -> None:
     p.add_argument("--emit", choices=frameworks(), default=None,
                    help="print the launch commands of this deployment for a serving framework instead of the figures "
                         "(after predict accepts it; --format json adds them under 'launch')")
+    common.add_speculative(p)
     common.add_set(p)
     common.add_format(p)
     p.set_defaults(run=run)
@@ -66,7 +67,7 @@ def _launch(args):
     from npusim.results.launch import launch, limits_for
 
     setup = api.load_setup(args.hw, args.model, args.plan, None if args.quant == "model" else args.quant,
-                           common.parse_overrides(args.overrides))
+                           common.parse_overrides(args.overrides, args))
     limits = limits_for(setup.plan, input=args.input, output=args.output, batch=args.batch,
                         prefill_batch=args.prefill_batch)
     return launch(args.emit, setup.plan, setup.model, setup.quant, setup.system, limits)
@@ -110,7 +111,7 @@ def run(args) -> None:
     pred = api.predict(args.hw, args.model, args.plan, input=args.input, output=args.output, batch=args.batch,
                        prefill_batch=args.prefill_batch, context=args.context,
                        quant=None if args.quant == "model" else args.quant, prefix_hit=args.prefix_hit,
-                       overrides=common.parse_overrides(args.overrides))
+                       overrides=common.parse_overrides(args.overrides, args))
     if args.trace:
         Path(args.trace).write_text(json.dumps(pred.chrome_trace()))
     price = cost(pred, hw=args.hw)
@@ -138,7 +139,7 @@ def run(args) -> None:
     print(f"decode {pred.tokens_per_s_per_chip:10.1f} tokens/s per chip" + (
         f"; prefill {pred.prefill_tokens_per_s_per_chip:.1f} tokens/s per chip" if pred.prefill else ""))
     if args.verbose:
-        model = api.load_setup(args.hw, args.model, args.plan, None, common.parse_overrides(args.overrides)).model
+        model = api.load_setup(args.hw, args.model, args.plan, None, common.parse_overrides(args.overrides, args)).model
         for key, value in config_mapping(model).items():
             print(f"{key}: {value}")
     if pred.energy:

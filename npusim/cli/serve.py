@@ -88,6 +88,7 @@ def register(sub) -> None:
     p.add_argument("--slo", help="latency limits, e.g. ttft=2s,tpot=30ms")
     p.add_argument("--seed", type=common.seed, default=0, help="random seed of arrivals, lengths and MTP draws (default 0)")
     p.add_argument("--figures", metavar="DIR", help="write figures (latency CDFs and timeline, or the rate sweep)")
+    common.add_speculative(p)
     common.add_set(p)
     common.add_format(p)
     p.set_defaults(run=run)
@@ -124,7 +125,7 @@ def _run(args) -> None:
     rates = parse_rates(args.rates) if args.rates else [args.rate]
     loads = [make_load(args, rate) for rate in rates]  # refuse a bad load before any engine work
     setup = api.load_setup(args.hw, args.model, args.plan, None if args.quant == "model" else args.quant,
-                           common.parse_overrides(args.overrides))
+                           common.parse_overrides(args.overrides, args))
     running = {role: n for role, n in (("prefill", args.prefill_max_batch), ("decode", args.decode_max_batch))
                if n is not None}
     served = ServedPlan.of(setup, max_batch=args.max_batch, token_budget=args.token_budget,

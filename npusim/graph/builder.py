@@ -419,15 +419,17 @@ def _check(model: ModelConfig, phase: str, batch: int, length: int, mtp_tokens: 
 
 def build_graph(model: ModelConfig, phase: str, batch: int, length: int, *, mtp_tokens: int = 0,
                 quant: str | QuantScheme | None = None, cached: int = 0, dense_prefill: bool = False,
-                code: ModelCode = ModelCode(), local_routing: bool = False) -> ModelGraph:
+                code: ModelCode = ModelCode(), local_routing: bool = False,
+                draft: ModelConfig | None = None) -> ModelGraph:
     """The op graph of one prefill (`length` = prompt tokens per sequence computed now, on top of `cached` already in
     each sequence's cache: a prefix-cache hit or earlier chunks) or one decode step (`length` = context: keys the
     first new token sees, itself included; with MTP, 1 + mtp_tokens queries per sequence). `dense_prefill` builds a
     V3.2 prefill in MHA mode as V3.1's (kv_b up-projection, causal flash attention), the indexer only writing its key
     cache, instead of Lightning Indexer + sparse attention (models.md §1.4). `code`: the ops the deployment's model
     code adds (the plan's model_code). `local_routing`: a decode step's MoE routes its rows itself (init_routing),
-    as MoE TP without EP does (no dispatch kernel routes them)."""
-    _check(model, phase, batch, length + cached, mtp_tokens)
+    as MoE TP without EP does (no dispatch kernel routes them). `draft`: an EAGLE-3 draft model proposes the
+    `mtp_tokens` drafts instead of the model's own MTP layer (`draft_layers`)."""
+    _check(model, phase, batch, length + cached, mtp_tokens if draft is None else 0)
     if cached < 0 or (cached and phase != "prefill"):
         raise NpusimError(f"cached tokens are a prefill quantity >= 0, got {cached} for {phase}", field="cached")
     scheme = quant if isinstance(quant, QuantScheme) else get_quant(quant or model.default_quant)
@@ -445,7 +447,9 @@ def build_graph(model: ModelConfig, phase: str, batch: int, length: int, *, mtp_
         layers.append(LayerGraph(name=key, ops=tuple(f.decoder(members[0], mha)), layers=tuple(members),
                                  repeat=len(members)))
     layers.append(LayerGraph(name="lm_head", ops=tuple(f.head(head_tokens))))
-    if mtp_tokens:
+    if mtp_tokens and draft is not None:
+        layers += draft_layers(draft, model.hidden_size, phase, batch, length, cached, mtp_tokens)
+    elif mtp_tokens:
         mtp_layer = model.num_hidden_layers
         if prefill:
             ops = f.mtp(mtp_layer, mha, head_tokens)  # fills the MTP layer's cache over the whole prompt
@@ -459,6 +463,37 @@ def build_graph(model: ModelConfig, phase: str, batch: int, length: int, *, mtp_
     scenario = {"batch": batch, ("seq_len" if prefill else "context"): length, "mtp_tokens": mtp_tokens,
                 "tokens": q.tokens}
     return ModelGraph(model=model.name, phase=phase, quant=scheme.name, scenario=scenario, layers=tuple(layers))
+
+
+def draft_layers(draft: ModelConfig, target_hidden: int, phase: str, batch: int, length: int, cached: int,
+                 drafts: int) -> list[LayerGraph]:
+    """An EAGLE-3 draft's passes in BF16 (`spec.draft`), as SGLang's EAGLE worker runs them with top-k 1.
+
+    Prefill: one extend over the prompt fills the draft's cache (logits of the last position). Decode: after the
+    target verifies 1 + drafts tokens per sequence, the draft extends over them (the fc folds three target hidden
+    states into one, and its pass gives the first draft token), then drafts - 1 single-token passes give the rest
+    (--speculative-num-steps = drafts, --speculative-num-draft-tokens = drafts + 1). Each pass is the draft's decoder
+    layer, whose q/k/v read the embedding beside the hidden state (the embedding half is its own GEMM here), and its
+    lm_head over the draft vocabulary."""
+    scheme = get_quant("bf16")
+    h, kv = draft.hidden_size, (draft.num_attention_heads + 2 * draft.num_key_value_heads) * draft.head_dim
+
+    def one_pass(q: Queries, head_tokens: int, fold: bool) -> tuple[Op, ...]:
+        f = _Layers(draft, scheme, q, phase == "prefill")
+        fc = [f.linear("draft_fc", 3 * target_hidden, h, None)] if fold else []
+        return tuple([f.embedding(), *fc, norm("draft_enorm", f.t, h),
+                      f.linear("draft_qkv_embed", h, kv, None)] + f.decoder(0, phase == "prefill")
+                     + f.head(head_tokens))
+
+    if phase == "prefill":
+        q = Queries(batch=batch, first=cached + 1, per_seq=length)
+        return [LayerGraph(name="draft_extend", ops=one_pass(q, batch, True), layers=(0,))]
+    extend = Queries(batch=batch, first=length, per_seq=1 + drafts)
+    out = [LayerGraph(name="draft_extend", ops=one_pass(extend, extend.tokens, True), layers=(0,))]
+    if drafts > 1:
+        step = Queries(batch=batch, first=length + 1, per_seq=1)
+        out.append(LayerGraph(name="draft", ops=one_pass(step, batch, False), layers=(0,), repeat=drafts - 1))
+    return out
 
 
 def _layer_key(model: ModelConfig, layer: int) -> str:

@@ -13,6 +13,7 @@ from npusim.graph import accounting
 from npusim.parallel.shard import RankStep
 from npusim.spec import units
 from npusim.spec.chip import Chip
+from npusim.spec.draft import load_draft
 from npusim.spec.model import ModelConfig
 from npusim.spec.plan import Instance, Plan
 from npusim.spec.quant import BF16, QuantScheme
@@ -80,9 +81,21 @@ def weight_bytes(model: ModelConfig, plan: Plan, phase: str, quant: QuantScheme)
     inst = plan.instance(phase)
     pc = accounting.parameters(model)
     total = _stored(model, plan, inst, quant, pc.by_class, model.num_hidden_layers)
-    if plan.mtp.depth:
+    if plan.mtp.depth and plan.mtp.draft:
+        total += _draft_bytes(load_draft(plan.mtp.draft), model, inst)
+    elif plan.mtp.depth:
         total += _stored(model, plan, inst, quant, pc.mtp_by_class, model.num_nextn_predict_layers)
     return total / inst.pp
+
+
+def _draft_bytes(draft: ModelConfig, target: ModelConfig, inst: Instance) -> float:
+    """An EAGLE-3 draft's BF16 weights on one rank: its decoder layer (q/k/v over twice the hidden width) and lm_head
+    split over attention TP like the target's, the embedding (the target's vocabulary) and the fc whole."""
+    h, kv = draft.hidden_size, (draft.num_attention_heads + 2 * draft.num_key_value_heads) * draft.head_dim
+    split = (2 * h * kv + draft.num_attention_heads * draft.head_dim * h + 3 * h * draft.intermediate_size
+             + draft.vocab_size * h) * draft.num_hidden_layers
+    whole = target.vocab_size * h + 3 * target.hidden_size * h
+    return 2.0 * (split / inst.attention.tp + whole)
 
 
 def _stored(model: ModelConfig, plan: Plan, inst: Instance, quant: QuantScheme, by_class: dict[str, float],

@@ -48,6 +48,7 @@ from npusim.graph.builder import build_graph
 from npusim.graph.ops import ModelGraph, Op
 from npusim.memo import Lru
 from npusim.parallel.collectives import Collective
+from npusim.spec.draft import load_draft
 from npusim.spec.model import ModelConfig
 from npusim.spec.plan import Instance, ModelCode, Plan
 from npusim.spec.quant import QuantScheme
@@ -67,7 +68,7 @@ ALL_KEYS = ("kv_b_proj", "k_rope_repeat")
 # GQA's head-parallel attention under attention TP: each die runs its query heads and its KV heads (replicated when
 # the KV heads are fewer than the dies) on all of its group's tokens, as SGLang's / vLLM's QKVParallelLinear and
 # attention split them; cut from the graph of a model with the die's heads
-GQA_HEADS = ("qkv_proj", "qk_head_norm", "rope", "kv_cache_update", "attention")
+GQA_HEADS = ("qkv_proj", "qk_head_norm", "rope", "kv_cache_update", "attention", "draft_qkv_embed")
 # no head dimension (the latent path), or never split (the DSA indexer: "no tensor parallel, just replicated" in
 # SGLang's and vLLM's Indexer)
 REPLICATED = ("q_a_proj", "q_norm", "kv_a_proj", "kv_proj", "kv_norm", "kv_cache_update", "idx_q_b_proj", "idx_k_proj",
@@ -316,9 +317,11 @@ def _shard(model: ModelConfig, plan: Plan, phase: str, batch: int, length: int, 
                           file=plan.provenance.file if plan.provenance else None, field="decode.attention.cp")
     per_replica = math.ceil(batch / replicas)
     mtp = plan.mtp.depth
+    draft = load_draft(plan.mtp.draft, file=plan.provenance.file if plan.provenance else None) \
+        if plan.mtp.draft and mtp else None
     dense = phase == "prefill" and plan.prefill_attention.dense(cached + length)
     graph = build_graph(model, phase, per_replica, length, mtp_tokens=mtp, quant=quant, cached=cached,
-                        dense_prefill=dense, code=plan.model_code, local_routing=tp_experts(inst))
+                        dense_prefill=dense, code=plan.model_code, local_routing=tp_experts(inst), draft=draft)
     token_scale = 1.0 / a.cp if phase == "prefill" else 1.0
     tokens = graph.scenario["tokens"] * token_scale
     seq_tokens = graph.scenario["tokens"]
@@ -327,7 +330,8 @@ def _shard(model: ModelConfig, plan: Plan, phase: str, batch: int, length: int, 
     heads = {}  # GQA under attention TP: the die's head-parallel ops, by layer and name
     if model.is_gqa and a.tp > 1:
         rank = build_graph(rank_heads(model, a.tp), phase, per_replica, length, mtp_tokens=mtp, quant=quant,
-                           cached=cached, dense_prefill=dense, code=plan.model_code, local_routing=tp_experts(inst))
+                           cached=cached, dense_prefill=dense, code=plan.model_code, local_routing=tp_experts(inst),
+                           draft=rank_heads(draft, a.tp) if draft else None)
         heads = {(lg.name, op.name): scale_op(op, tokens=token_scale, weights=1.0)
                  for lg in rank.layers for op in lg.ops if op.name in GQA_HEADS}
     for lg in graph.layers:

@@ -126,6 +126,9 @@ class Mtp:
     depth: int = count(default=0, minimum=0, doc="draft tokens per step (multi-token prediction)")
     acceptance: float = quantity("number", default=0.0, minimum=0.0, strict=False,
                                  doc="accepted drafts per step, on average (e.g. 1.44 of 3)")
+    draft: str = text(default="", doc="an EAGLE-3 draft model's config.json that proposes the drafts (SGLang / vLLM "
+                                      "EAGLE3, BF16; depth = --speculative-num-steps; unused at depth 0); '' = "
+                                      "the model's own MTP layer (NEXTN)")
 
 
 @dataclass(frozen=True, kw_only=True)
