@@ -323,7 +323,7 @@ def _add_part(sched: _Schedule, part: RankLayer, tag: str, prev: str | None, off
         for c in comm_after.get(op.name, ()):
             pool = chip.aiv.count * (cores.total - cores.attn_cores) / cores.total  # the FFN partition's AIVs
             fused_moe = c.name in MOE_ALL_TO_ALL and not c.collective.bulk  # the MC2 dispatch / combine kernels
-            coll = mc2_rows(c.collective, part, chip, pool) if fused_moe else c.collective
+            coll = mc2_rows(c.collective, part, chip) if fused_moe else c.collective
             r = collective_time(coll, system)
             if count:
                 sched.comms.append((c.name, r, count))
@@ -338,16 +338,18 @@ def _add_part(sched: _Schedule, part: RankLayer, tag: str, prev: str | None, off
     sched.tasks.append(Task(tag + "layer_end", "compute", 0.0, tuple(ends), resource=""))
 
 
-def mc2_rows(c: Collective, part: RankLayer, chip, pool: float) -> Collective:
+def mc2_rows(c: Collective, part: RankLayer, chip) -> Collective:
     """The fused MoE dispatch / combine with the (token, expert) rows its AIVs write one at a time
     (npusim.parallel.collectives) on the chips whose kernel does so (ROW_WRITING_ARCHS): the rows this rank's experts
-    take (the routed GEMM's), which in balance are the rows it sends out, moved by the AIVs the kernel holds
-    (`comm.fused_dispatch_aiv` of the FFN partition's)."""
+    take (the routed GEMM's), which in balance are the rows it sends out, dealt over the kernel's blocks: its tiling
+    takes `comm.fused_dispatch_aiv` of the die's AIVs (blockDim = GetCoreNumAiv(), the source of that share) whatever
+    core partition its stream holds; how those blocks share a partition's AIVs is not modelled (`pool` is what it
+    holds beside the kernels, `comm_load`)."""
     experts = next((o for o in part.ops if o.name == ROUTED_GEMM), None)
     if experts is None or c.kind != "all_to_all" or not c.fused_moe or chip.arch not in ROW_WRITING_ARCHS:
         return c
     share = chip.comm.fused_dispatch_aiv if chip.comm is not None else 1.0
-    return dataclasses.replace(c, rows=int(experts.shape.get("rows", 0)), issuers=share * pool)
+    return dataclasses.replace(c, rows=int(experts.shape.get("rows", 0)), issuers=share * chip.aiv.count)
 
 
 def traffic(t: OpTime, chip) -> tuple[tuple[str, float], ...]:
