@@ -100,6 +100,8 @@ def run(args) -> None:
                if args.rate is not None or args.concurrency is not None else None)
     quant = None if args.quant == "model" else args.quant
     sizes, depths = _ints(args.ranks, "--ranks"), _ints(args.mtp, "--mtp")
+    if 0 in sizes:
+        raise NpusimError(f"'{args.ranks}' must be positive instance sizes in ranks", field="--ranks")
     if args.accept_length is not None and (len(depths) != 1 or not depths[0]):
         raise NpusimError("an accept length is measured at one speculative depth: give one --mtp depth >= 1 with it",
                           field="--accept-length")

@@ -276,7 +276,7 @@ def VLLM(heads, acceptance, unknown, unmodelled) -> Deployment:  # noqa: N802 (a
         cp = tp if extra.get("enable_dsa_cp") and role == "prefill" else 1
         inst = {"ranks": n * pp, "attention": _attention(dp, tp // cp, cp),
                 "moe": {"ep": n} if "--enable-expert-parallel" in f else {"ep": 1, "tp": n},
-                "o_proj_tp": fine.get("oproj_tensor_parallel_size", tp),
+                "o_proj_tp": fine.get("oproj_tensor_parallel_size", tp // cp),  # DSA-CP: unsplit
                 "dense_tp": fine.get("mlp_tensor_parallel_size", tp),
                 "embed_tp": fine.get("embedding_tensor_parallel_size", tp),
                 "lm_head_tp": fine.get("lmhead_tensor_parallel_size", tp)}

@@ -382,11 +382,14 @@ def _vllm_role(ctx: _Context, role: str, inst: Instance) -> tuple[Args, dict]:
                  "forces the bulk all-to-all")
     grained = {}
     decode_node = role == "decode" and ctx.streams(role).graph_mode
+    # Under DSA-CP a P node runs o_proj (and q_b / kv_b) unsplit on its own tokens: vllm_ascend/ops/linear_op.py's
+    # ShardedCPRowParallelOp has a one-rank comm group (layer_sharding spreads the weights, not the matmul).
+    native = {"o_proj_tp": 1 if extra.get("enable_dsa_cp") and role == "prefill" else tp}
     for name, key, value in (("o_proj_tp", "oproj_tensor_parallel_size", inst.o_proj_group),
                              ("dense_tp", "mlp_tensor_parallel_size", inst.dense_tp),
                              ("embed_tp", "embedding_tensor_parallel_size", inst.embed_tp),
                              ("lm_head_tp", "lmhead_tensor_parallel_size", inst.lm_head_tp)):
-        if value == tp:
+        if value == native.get(name, tp):
             continue
         ok = tp == 1 and dp % value == 0 and (name != "o_proj_tp" or decode_node)
         if ok:
@@ -394,7 +397,8 @@ def _vllm_role(ctx: _Context, role: str, inst: Instance) -> tuple[Args, dict]:
         else:
             why = ("needs TP 1, graph mode and a PD decode node" if name == "o_proj_tp"
                    else "needs TP 1 and a size dividing the DP ranks")
-            ctx.note(f"{role}.{name} {value}: vLLM-Ascend's finegrained_tp_config.{key} {why}; it follows TP ({tp})")
+            ctx.note(f"{role}.{name} {value}: vLLM-Ascend's finegrained_tp_config.{key} {why}; it "
+                     + (f"follows TP ({tp})" if native.get(name, tp) == tp else "runs unsplit under DSA-CP"))
     if grained:
         extra["finegrained_tp_config"] = grained
     if ctx.streams(role).shared_expert_side_stream:
