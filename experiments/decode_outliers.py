@@ -287,6 +287,7 @@ def w4a8_gmm() -> pd.DataFrame:
         m, inst, chip = setup.model, setup.plan.decode, setup.system.chip_spec
         p = predict(r)
         b = p.breakdown()
+        mtp = b[b.layer == "mtp"]
         b = b[b.layer.isin(["mla-moe", "dsa-moe"])].set_index("op")
         experts = m.n_routed_experts // inst.moe.ep
         tokens = r.batch / ranks(r) * (1 + setup.plan.mtp.depth)  # query tokens per die: the batch and its drafts
@@ -297,7 +298,7 @@ def w4a8_gmm() -> pd.DataFrame:
             out.append({"row": label, "op": op, "experts_per_die": experts, "rows_per_expert": round(rows, 1),
                         "npusim_us": b.loc[op, "per_call_us"], "int8_weight_roofline_us": b.loc[op, "roofline_us"],
                         "msd_estimate_us": est, "iterates": msd_iterates(chip, experts, rows, n, k),
-                        "moe_passes": int(b.loc[op, "x"]) + int(p.breakdown().query("layer == 'mtp' and op == @op").x.sum()),
+                        "moe_passes": int(b.loc[op, "x"]) + int(mtp[mtp.op == op].x.sum()),
                         "tokens_per_step": p.decode.time / p.tpot})
     return pd.DataFrame(out)
 

@@ -27,12 +27,13 @@ The fused dispatch / combine moves rows, not a buffer: each AIV takes its share 
 their (token, expert) rows one at a time, loading the token, quantising it (dispatch) and writing it into the peer's
 window (CANN ops-transformer mc2/moe_distribute_dispatch_v2 op_kernel/moe_distribute_dispatch_v2_full_mesh.h,
 SendToMoeExpert -> TokenToExpertInQuant per row, mirror yuanfang-chen/ops-transformer @ 00ff90a; the combine writes
-each expert output row back the same way; the step counts rows on the chips whose kernel this is, npusim.parallel.step
-ROW_WRITING_ARCHS). A row's write crosses the fabric before the AIV's buffer takes the next,
-so with `rows` given the kernel takes at least the busiest AIV's rows, each its two DMAs and one tier latency,
-whatever the bytes, and its bytes move at the AIV-direct rate of HCCL's AIV kernels (`hccl.efficiency`, fitted
-on K204) where the system has one; without `rows` it is timed as the buffer exchange it was before. That is why the low-latency dispatch (INT8, half the bytes) takes as long as the
-combine (BF16) in published.md K08 (132-153 vs 126-151 us at 128 tokens): rows, not bytes, bound both.
+each expert output row back the same way; the step counts rows on the chips whose kernel this is,
+npusim.parallel.step ROW_WRITING_ARCHS). A row's write crosses the fabric before the AIV's buffer takes the next, so
+with `rows` given the kernel takes at least the busiest AIV's rows, each its two DMAs and one tier latency, whatever
+the bytes, and its bytes move at the AIV-direct rate of HCCL's AIV kernels (`hccl.efficiency`, fitted on K204) where
+the system has one; without `rows` it is timed as the buffer exchange it was before. That is why the low-latency
+dispatch (INT8, half the bytes) takes as long as the combine (BF16) in published.md K08 (132-153 vs 126-151 us at
+128 tokens): rows, not bytes, bound both.
 """
 
 from __future__ import annotations
@@ -85,7 +86,6 @@ class Collective:
         if self.hccl and (self.kind != "all_to_all" or self.bulk):
             raise NpusimError(f"only a non-bulk all-to-all is marked as a plain HCCL call, not {self.kind}"
                               f"{' (bulk)' if self.bulk else ''}", field="hccl")
-
 
     @property
     def fused_moe(self) -> bool:
