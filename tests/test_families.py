@@ -247,3 +247,18 @@ def test_gqa_kv_projections_replicate_beyond_the_kv_heads(qwen3, tp16):
     w4, w16 = weight_bytes(qwen3, tp4, "decode", q), weight_bytes(qwen3, tp16, "decode", q)
     q_o = 2 * qwen3.hidden_size * qwen3.num_attention_heads * qwen3.head_dim * 2 * 94  # q and o projections, BF16
     assert w4 - w16 == pytest.approx(q_o / 4 - q_o / 16, rel=1e-9)
+
+
+def test_rope_wider_than_ub_runs_the_per_head_cut():
+    """An EAGLE-3 draft's 64 query + 64 KV heads of 128 under DP attention (Kimi-K2's draft, published.md C03): one
+    token's rope row is 32 KiB, double-buffered beside its fp32 result 193 KiB > a 910C die's 192 KiB UB. It was
+    refused ('tiling.ub ... 1 KiB too many'); it runs CANN's per-head cut, at least as slow as its roofline."""
+    from npusim.kernels.catalog import kernel
+    from npusim.spec.chip import load_chip
+
+    chip = load_chip("910c-die")
+    wide = kernel("rope", {"tokens": 2048, "heads": 128, "dim": 128})
+    assert not wide.row_fits(chip)
+    assert wide.trace(chip).tiling["head_loop"] == 1
+    narrow = kernel("rope", {"tokens": 2048, "heads": 104, "dim": 128})  # Qwen3-Coder's 96 + 8 heads fit
+    assert narrow.row_fits(chip) and "head_loop" not in narrow.trace(chip).tiling

@@ -471,6 +471,12 @@ class Rope(Tiled):
         return (Step("rope", self.outputs()[0], ("x", "cos", "sin"), 3.0 * self.heads * self.dim,
                      (("heads", self.heads), ("interleaved", self.layout == "interleaved"))),)
 
+    def row_fits(self, chip: Chip) -> bool:
+        """Whether one token's heads fit UB double-buffered beside their fp32 result. Nothing of a rope row splits
+        along its dim, so a wider row (an EAGLE-3 draft's 64 + 64 heads of 128 under DP attention: 32 KiB a token)
+        runs the per-head cut, as CANN's kernel cuts every row."""
+        return self._bytes(1, self.wide)[1] <= chip.aiv.buffers.ub
+
     # ------------------------------------------------------------------ aclnnRotaryPositionEmbedding's cut
     def _line_bytes(self, s: int) -> float:
         """UB of a step of `s` lines: cos / sin rows and x / out rows double-buffered, the fp32 result beside."""
@@ -538,6 +544,8 @@ class Rope(Tiled):
         v.free(q.outq)
 
     def build(self, chip: Chip) -> Trace:
+        if not self.head_loop and not self.row_fits(chip):
+            return replace(self, head_loop=1).build(chip)
         if not self.head_loop:
             return super().build(chip)
         self.inputs()  # checks the layout
