@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from npusim import api
 from npusim.graph.accounting import cache_footprint
 from npusim.parallel.transfer import exposed, kv_path, shards
-from npusim.serving import ClosedLoop, Deployment, Fixed, Pool, Scheduler, simulate
+from npusim.serving import ClosedLoop, Deployment, Fixed, Link, Pool, Scheduler, simulate
 from npusim.serving.predicted import kv_link
 from npusim.serving.stepmodel import AnalyticStepModel, Capacity
 
@@ -160,3 +160,16 @@ def test_sglangs_prealloc_keeps_512_tokens_per_active_request():
     first, second = runs["sglang"].sort_values("decode_admitted").itertuples()
     assert second.decode_admitted >= first.finish and second.scheduled >= second.decode_admitted
     assert runs["vllm"].decode_admitted.max() < runs["vllm"].finish.min()
+
+
+def test_a_prefill_ranks_running_limit_counts_the_caches_it_still_sends():
+    """SGLang's prefill keeps a finished prompt in its inflight queue, slot and cache held, until the transfer is
+    done: with --max-running-requests 1 the next prompt's prefill waits for the first cache to leave."""
+    link = Link(bandwidth=1e9)  # slow: each 2,000-token cache takes 0.14 s, longer than its prefill
+    pre = AnalyticStepModel(Capacity(kv_bytes_per_token=70e3, kv_capacity=20e9, max_batch=1, token_budget=16384))
+    dec = AnalyticStepModel(Capacity(kv_bytes_per_token=70e3, kv_capacity=20e9, max_batch=8, token_budget=16384))
+    d = Deployment(prefill=Pool(), decode=Pool(), link=link, scheduler=Scheduler("sglang"))
+    r = simulate(d, ClosedLoop(2, Fixed(2000), Fixed(4)), {"prefill": pre, "decode": dec}, seed=0,
+                 requests=2).requests.sort_values("scheduled")
+    first, second = r.itertuples()
+    assert second.scheduled >= first.kv_ready > first.prefill_end

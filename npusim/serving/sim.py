@@ -94,6 +94,7 @@ class Rank:
         self.kv_used = 0
         self.queued = 0  # cache tokens the waiting requests will need
         self.inbound = 0  # admitted requests whose cache is still crossing the link
+        self.holding = 0  # prefilled requests whose cache this prefill rank still holds (SGLang's inflight queue)
         self.arrived: list[Request] = []  # caches landed, joining the running batch at the next step boundary
         self.prealloc: deque[Request] = deque()  # SGLang PD: requests waiting for this decode rank to reserve a slot
         self.port = simpy.Resource(instance.sim.env, capacity=1)  # this rank's egress (prefill) / ingress (decode)
@@ -112,7 +113,7 @@ class Rank:
     def prefillable(self) -> bool:
         """Whether this rank would run prompt tokens now (a part-done prompt, or a waiting one it can admit)."""
         return any(r.state is PREFILL for r in self.running) or bool(
-            self.waiting and len(self.running) < self.max_batch and self.fits(self.waiting[0], 0))
+            self.waiting and len(self.running) + self.holding < self.max_batch and self.fits(self.waiting[0], 0))
 
     def plan(self, prefill: bool = True):
         """Form this step's batch: (seconds, decoding requests, [(prefilling request, prompt tokens)]); `prefill`
@@ -204,7 +205,7 @@ class Rank:
     def admit_prompts(self, chunks: list, decode_tokens: int, decoding: bool, budget: int,
                       chunk_left: int | None) -> None:
         now = self.instance.sim.env.now
-        while self.waiting and len(self.running) < self.max_batch:
+        while self.waiting and len(self.running) + self.holding < self.max_batch:
             r = self.waiting[0]
             if not self.fits(r, decode_tokens):
                 return
@@ -323,6 +324,7 @@ class Rank:
                 self.running.remove(r)
                 r.state = HANDOFF
                 r.holder = self
+                self.holding += 1  # its request slot stays taken until the cache has left
                 r.held = 1
                 if r.dest is None:
                     sim.handoff(r)
@@ -507,6 +509,7 @@ class _Simulation:
         joins the decode rank's running batch at its next step."""
         src, dst = r.holder, dst or r.dest
         src.kv_used -= r.kv
+        src.holding -= 1
         r.holder, r.dest = None, None
         src.instance.kick()
         r.kv_ready = self.env.now
