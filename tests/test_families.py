@@ -262,3 +262,23 @@ def test_rope_wider_than_ub_runs_the_per_head_cut():
     assert wide.trace(chip).tiling["head_loop"] == 1
     narrow = kernel("rope", {"tokens": 2048, "heads": 104, "dim": 128})  # Qwen3-Coder's 96 + 8 heads fit
     assert narrow.row_fits(chip) and "head_loop" not in narrow.trace(chip).tiling
+
+
+def test_gqa_decode_attention_reads_every_sequences_keys(qwen3, tp16):
+    """A GQA decode step's attention launch holds its batch's sequences, each reading its own keys (as MLA's does):
+    64 sequences of 4K keys read 64x the cache of one. It was timed as one sequence of 64 queries over 4K shared
+    keys (S11's decode attention 44 us for 209 MB of KV a die, ~4.8 TB/s: above HBM)."""
+    from npusim.parallel.optime import kernel_for
+    from npusim.parallel.shard import shard
+    from npusim.spec.chip import load_chip
+
+    chip = load_chip("910c-die")
+    times = {}
+    for batch in (1, 64):
+        step = shard(qwen3, tp16, "decode", batch=batch, length=4096, quant=get_quant("bf16"))
+        op = next(o for lg in step.layers for o in lg.ops if o.name == "attention")
+        assert op.shape["sequences"] == batch
+        k = kernel_for(op, chip)
+        assert k.batch == batch
+        times[batch] = k.work().hbm_bytes
+    assert times[64] == pytest.approx(64 * times[1], rel=0.05)

@@ -187,7 +187,7 @@ class _Layers:
         pairs = q.pairs()
         attn = Op(name="attention", kind="flash_attention", unit="cube",
                   shape={"tokens": t, "heads": nh, "kv_heads": kvh, "d_qk": hd, "d_v": hd, "keys": q.last,
-                         "pairs": pairs},
+                         "pairs": pairs} | self.sequences(),
                   dtypes={"q": BF16.dtype, "kv": self.quant.kv_cache.dtype, "out": BF16.dtype},
                   flops=2.0 * pairs * nh * 2 * hd,
                   bytes_read=BF16.bytes_for(t * nh * hd) + q.batch * q.last * self.kv_row,
