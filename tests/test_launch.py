@@ -763,3 +763,13 @@ def test_cli_serve_launch_takes_the_framework_and_names_what_it_reads(cli, tmp_p
     assert r.returncode == 0, r.stderr
     assert "(sglang)" in r.stderr and "scheduler sglang" in r.stderr
     assert "--enable-nsa-prefill-context-parallel" in r.stderr  # unknown to 0.5.23, named
+
+
+def test_an_eagle3_plan_launches_its_draft_model():
+    setup = api.load_setup("cloudmatrix384", "deepseek-v3.1", "r1-a3-sglang-pd-tp2", "w8a8",
+                           {"plan.mtp.draft": "workloads/models/hf/drafts/Kimi-K2-EAGLE3/config.json"})
+    sgl = parsed(launch("sglang", setup.plan, setup.model, setup.quant, setup.system, LIMITS))["decode"][0]
+    assert (sgl["--speculative-algorithm"], sgl["--speculative-draft-model-path"]) == ("EAGLE3", "$DRAFT_MODEL_PATH")
+    vl = parsed(launch("vllm-ascend", setup.plan, setup.model, setup.quant, setup.system, LIMITS))["decode"][0]
+    assert json.loads(vl["--speculative-config"]) == {"num_speculative_tokens": 3, "method": "eagle3",
+                                                      "model": "$DRAFT_MODEL_PATH"}

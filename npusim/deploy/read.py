@@ -26,6 +26,8 @@ from npusim.errors import NpusimError
 from npusim.spec.framework import Framework, load_framework
 
 PROGRAMS = {"sglang.launch_server": "sglang", "serve": "vllm-ascend"}
+EAGLE3 = ("the drafts come from an EAGLE-3 draft model, read as the model's own MTP layer: set plan.mtp.draft to "
+          "the draft's config.json (--set plan.mtp.draft=...)")
 
 # Flags npusim reads into the deployment; any other flag the release knows is reported as not modelled.
 READ = {
@@ -234,6 +236,8 @@ def SGLANG(heads, acceptance, unknown, unmodelled) -> Deployment:  # noqa: N802 
         tree[role] = inst
     lead = roles.get("decode", roles.get("mixed", roles.get("prefill")))[0].flags
     _mtp(tree, _int(lead, "--speculative-num-steps", 0), acceptance, notes)
+    if lead.get("--speculative-algorithm") == "EAGLE3":
+        notes.append(EAGLE3)
     chunk = _int(lead, "--chunked-prefill-size", -1)
     if chunk > 0:
         tree["prefill_chunk"] = chunk
@@ -300,6 +304,8 @@ def VLLM(heads, acceptance, unknown, unmodelled) -> Deployment:  # noqa: N802 (a
     lead = roles.get("decode", roles.get("mixed", roles.get("prefill")))[0].flags
     spec = json.loads(lead.get("--speculative-config") or "{}")
     _mtp(tree, int(spec.get("num_speculative_tokens", 0)), acceptance, notes)
+    if spec.get("method") == "eagle3":
+        notes.append(EAGLE3)
     eplb = json.loads(lead.get("--eplb-config") or "{}")
     if eplb.get("num_redundant_experts"):
         tree["eplb"] = {"redundant_experts": int(eplb["num_redundant_experts"])}

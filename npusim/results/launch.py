@@ -122,8 +122,8 @@ class Launch:
             lines.append(f"# Not emitted: {self.refused}")
             lines += [f"# Nor expressible in {f.title}: {n}" for n in self.notes]
             return "\n".join(lines) + "\n"
-        lines += ["# Set MODEL_PATH (a checkpoint in the quantisation above) and the node addresses "
-                  "(PREFILL0_IP, ...);",
+        lines += ["# Set MODEL_PATH (a checkpoint in the quantisation above), DRAFT_MODEL_PATH (an EAGLE-3 plan's "
+                  "draft checkpoint) and the node addresses (PREFILL0_IP, ...);",
                   "# run each block on its nodes with NODE_RANK set (0 = the head node of that server)."]
         if self.notes:
             lines.append(f"# Not expressible in {f.title} (the server runs its own default instead):")
@@ -261,9 +261,13 @@ def _sglang_role(ctx: _Context, role: str, inst: Instance) -> Args:
     if inst.microbatches == 2 or ctx.streams(role).two_microbatch:
         args.append(("--enable-two-batch-overlap", None))
     drafts = ctx.drafts(role)
+    if drafts and pl.mtp.draft:  # an EAGLE-3 draft model, its checkpoint where the operator puts it
+        args += [("--speculative-algorithm", "EAGLE3"), ("--speculative-draft-model-path", '"$DRAFT_MODEL_PATH"')]
+    elif drafts:
+        args.append(("--speculative-algorithm", "NEXTN"))
     if drafts:
-        args += [("--speculative-algorithm", "NEXTN"), ("--speculative-num-steps", str(drafts)),
-                 ("--speculative-eagle-topk", "1"), ("--speculative-num-draft-tokens", str(drafts + 1))]
+        args += [("--speculative-num-steps", str(drafts)), ("--speculative-eagle-topk", "1"),
+                 ("--speculative-num-draft-tokens", str(drafts + 1))]
     if not ctx.streams(role).graph_mode:
         args += [("--cuda-graph-backend-decode", "disabled"), ("--cuda-graph-backend-prefill", "disabled")]
     lim = ctx.limits
@@ -414,7 +418,11 @@ def _vllm_role(ctx: _Context, role: str, inst: Instance) -> tuple[Args, dict]:
         extra.update(enable_sparse_sfa_c8=True, enable_sparse_li_c8=True)  # the same cache format on every role
     drafts = ctx.drafts(role)
     if drafts:
-        args.append(("--speculative-config", _json({"num_speculative_tokens": drafts, "method": "deepseek_mtp"})))
+        if pl.mtp.draft:  # in double quotes, for the shell to put the draft checkpoint's path in
+            value = _json({"num_speculative_tokens": drafts, "method": "eagle3", "model": "$DRAFT_MODEL_PATH"})
+            args.append(("--speculative-config", '"' + value.replace('"', '\\"') + '"'))
+        else:
+            args.append(("--speculative-config", _json({"num_speculative_tokens": drafts, "method": "deepseek_mtp"})))
     if role == "prefill" or not ctx.streams(role).graph_mode:
         if ctx.streams(role).graph_mode:
             ctx.note(f"{role}.streams.graph_mode: vLLM-Ascend captures graphs for decode only (FULL_DECODE_ONLY, as "

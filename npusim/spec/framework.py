@@ -12,6 +12,7 @@ environment variable neither it nor the Ascend runtime (the table's `runtime_env
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass
 
 from npusim.errors import NpusimError, did_you_mean
@@ -107,6 +108,8 @@ class Framework:
         """Refuse a flag or a value the documentation or the release does not have: the emitter's own guard."""
         table = self.router_flags if router else self.flags
         for name, value in flags:
+            if value is not None and value.startswith('"'):  # written for the shell: check what it receives
+                value = " ".join(shlex.split(value))
             if name not in table:
                 raise NpusimError(f"{name} is not in the documented flag table", file=self.name)
             release = self.router_release if router else self.release
