@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import ast
 import hashlib
-import io
 import json
 import sys
 import tarfile
