@@ -14,7 +14,8 @@ from npusim.serving import (AnalyticStepModel, Capacity, ClosedLoop, Deployment,
                             Percentiles, Pool, Sampled, Slo, Uniform, knee, read_trace, simulate)
 from npusim.serving.plots import latency_cdfs, rate_sweep, timeline
 from npusim.serving.predicted import ServedPlan
-from npusim.serving.steady import MIN_MEASURED, pilot_e2e, run_length, serve_steady, steady_window
+from npusim.serving.steady import (MIN_MEASURED, effective_samples, pilot_e2e, run_length, serve_steady,
+                                   steady_window)
 
 MODEL = AnalyticStepModel(Capacity(kv_bytes_per_token=70e3, kv_capacity=10e9, max_batch=8, token_budget=4096))
 
@@ -225,6 +226,19 @@ def test_a_stable_rate_reports_its_steady_window():
     assert s.steady_request_throughput == pytest.approx(w.delivered, rel=1e-9)
     longer = steady_run(8.0, requests=2 * len(r)).summary
     assert longer.steady.reached and longer.steady_ttft.p99 == pytest.approx(s.steady_ttft.p99, rel=0.15)
+
+
+def test_correlated_latencies_are_worth_fewer_samples():
+    """Independent draws are worth their number; an AR(1) series of coefficient 0.9 is worth n (1 - 0.9) / (1 + 0.9)
+    (its integrated autocorrelation time is 19), as a queue's TTFTs near capacity are worth fewer than their count."""
+    rng = np.random.default_rng(0)
+    noise = rng.normal(size=20000)
+    assert effective_samples(noise) == pytest.approx(20000, rel=0.1)
+    ar = np.zeros_like(noise)
+    for i in range(1, ar.size):
+        ar[i] = 0.9 * ar[i - 1] + noise[i]
+    assert effective_samples(ar) == pytest.approx(20000 / 19, rel=0.25)
+    assert effective_samples(np.full(50, 0.3)) == 50
 
 
 @pytest.mark.parametrize("rate", [12.0, 14.0, 15.0])

@@ -21,7 +21,9 @@ queue over the whole arrival span, whose warm-up is a TTFT, not an end-to-end la
 
 The length of a run (`run_length`) follows from the load and the end-to-end latency `e2e` of one request: an open
 loop at `rate` serves rate x (2 + MEASURED) x e2e requests (warm-up, drain, and `MEASURED` latencies measured; at
-least MIN_MEASURED measured), a closed loop (2 + MEASURED) rounds of its users and MIN_MEASURED more.
+least MIN_MEASURED measured), a closed loop (2 + MEASURED) rounds of its users and MIN_MEASURED more. Near
+capacity that is not enough: a queue's TTFTs are correlated over many requests, so `serve_steady` lengthens a run
+whose window's TTFTs are worth fewer than MIN_EFFECTIVE independent ones (`effective_samples`).
 `e2e` comes from a pilot run (`pilot_e2e`, what `npusim serve` does when no --requests / --duration is given:
 `serve_steady`) or the step model's one-request prediction (the planner's).
 """
@@ -44,6 +46,9 @@ if TYPE_CHECKING:  # result.py imports this module
 WARMUP_QUANTILE = 0.9  # the end-to-end quantile taken as the warm-up and the drain
 MIN_REQUESTS = 100  # arrivals the window must hold: p99 from at least a hundred requests
 MIN_MEASURED = 1000  # arrivals the window of a run of `run_length` aims at: ten requests in the p99 tail
+MIN_EFFECTIVE = 200  # independent TTFTs `serve_steady` wants in a window (near capacity a queue's TTFTs are
+# correlated over tens of requests: at 8/s on the default deployment 1574 in the window were worth 57, and their p99
+# was 1.91 s where runs two and four times as long agree on 2.29 s)
 TOLERANCE = 0.02  # growth of a count over the window, as a share of its arrivals, that marks an overload (a
 # stable queue: within 0.4 % up to 95 % of its capacity, tests/test_serving_load.py)
 SIGMAS = 3.0  # ... and in units of the count's own noise, sqrt(2 x its mean)
@@ -67,6 +72,7 @@ class SteadyWindow:
     delivered: float  # completions / s inside
     queue_growth: float  # requests without a first token: mean over the window's last quarter minus its first's
     in_system_growth: float  # requests arrived and not finished: the same
+    effective: float  # independent samples the window's TTFTs are worth (`effective_samples`)
 
     @property
     def reached(self) -> bool:
@@ -101,7 +107,7 @@ def steady_window(requests: pd.DataFrame) -> SteadyWindow:
     """The steady window of a run from its request table (arrival, first_token, finish; NaN: not yet)."""
     a = requests.arrival.to_numpy(float)
     if a.size == 0:
-        return SteadyWindow("short", "no request arrived", 0.0, 0.0, 0, math.nan, 0.0, 0.0, 0.0, 0.0)
+        return SteadyWindow("short", "no request arrived", 0.0, 0.0, 0, math.nan, 0.0, 0.0, 0.0, 0.0, 0.0)
     first = np.nan_to_num(requests.first_token.to_numpy(float), nan=math.inf)
     finish = np.nan_to_num(requests.finish.to_numpy(float), nan=math.inf)
     queue, system = _Count(a, first), _Count(a, finish)
@@ -109,18 +115,35 @@ def steady_window(requests: pd.DataFrame) -> SteadyWindow:
     early = finish[a <= (t0 + t1) / 2] - a[a <= (t0 + t1) / 2]
     e = float(np.quantile(early, WARMUP_QUANTILE, method="higher"))
     start, end = t0 + e, t1 - e
-    n = int(((a >= start) & (a <= end)).sum())
+    inside = (a >= start) & (a <= end)
+    n = int(inside.sum())
     if not math.isfinite(e) or end - start < e or n < MIN_REQUESTS:
-        return _short(a, finish, queue, system, t0, t1, e)
+        return _short(a, first, finish, queue, system, t0, t1, e)
     span = end - start
     done = int(((finish >= start) & (finish <= end)).sum())
     win = dict(start=start, end=end, requests=n, warmup=e, offered=n / span, delivered=done / span,
-               queue_growth=_growth(queue, start, end), in_system_growth=_growth(system, start, end))
+               queue_growth=_growth(queue, start, end), in_system_growth=_growth(system, start, end),
+               effective=effective_samples((first - a)[inside]))
     grown = [(name, c) for name, c in (("queue", queue), ("system", system)) if c.grew(start, end, n)]
     if not grown:
         return SteadyWindow("steady", "", **win)
     return SteadyWindow("overloaded", f"no steady state: {done / span:.3g} requests/s delivered of {n / span:.3g} "
                                       f"offered; {_grew(*grown[0], start, end)} over the {span:.3g} s window", **win)
+
+
+def effective_samples(values) -> float:
+    """How many independent samples a series (in arrival order) is worth: its length over its integrated
+    autocorrelation time, summed up to the first lag at least 5 times that time (Sokal's automatic window)."""
+    x = np.asarray(values, dtype=float)
+    x = x[np.isfinite(x)]
+    if x.size < 2 or not np.any(x - x.mean()):
+        return float(x.size)  # a constant series: every sample is exact
+    x = x - x.mean()
+    spectrum = np.fft.rfft(x, 2 * x.size)
+    acf = np.fft.irfft(spectrum * np.conj(spectrum))[:x.size]
+    tau = 1.0 + 2.0 * np.cumsum(acf[1:] / acf[0])
+    stop = np.nonzero(np.arange(1, x.size) >= 5.0 * tau)[0]
+    return float(x.size / max(1.0, tau[stop[0]] if stop.size else tau[-1]))
 
 
 def _growth(count: _Count, start: float, end: float) -> float:
@@ -135,13 +158,14 @@ def _grew(name: str, count: _Count, start: float, end: float) -> str:
     return f"{what} grew from {first:.3g} to {last:.3g} (means over its first and last quarter)"
 
 
-def _short(a, finish, queue: _Count, system: _Count, t0: float, t1: float, e: float) -> SteadyWindow:
+def _short(a, first, finish, queue: _Count, system: _Count, t0: float, t1: float, e: float) -> SteadyWindow:
     """No window: the run is too short, unless its queue grew over the whole arrival span (an overload)."""
     span, n = t1 - t0, len(a)
     done = int((finish <= t1).sum())
     offered = (n - 1) / span if span else 0.0
     win = dict(start=t0, end=t1, requests=n, warmup=e, offered=offered, delivered=done / span if span else 0.0,
-               queue_growth=_growth(queue, t0, t1), in_system_growth=_growth(system, t0, t1))
+               queue_growth=_growth(queue, t0, t1), in_system_growth=_growth(system, t0, t1),
+               effective=effective_samples(first - a))
     if span > 0 and queue.grew(t0, t1, n):
         return SteadyWindow("overloaded", f"no steady state: {n} requests offered at {offered:.3g}/s; "
                                           f"{_grew('queue', queue, t0, t1)} for the whole run", **win)
@@ -183,14 +207,18 @@ def steady_requests(served, load: Load, seed: int = 0) -> int | None:
 
 def serve_steady(served, load: Load, *, seed: int = 0, slo: Slo | None = None,
                  progress: bool = False) -> tuple[ServingResult, int | None]:
-    """`load` served for `steady_requests`; an open loop whose run was still too short (its requests took longer
-    under load than the pilot's) is served once more, for the run length its own warm-up asks. Returns the result
-    and the requests served."""
+    """`load` served for `steady_requests`, then once more when that was not enough: an open loop whose run was too
+    short (its requests took longer under load than the pilot's) for the run length its own warm-up asks; a steady
+    window whose TTFTs are worth fewer than MIN_EFFECTIVE independent ones (a queue near capacity) for a window
+    that many times longer (at most MAX_REQUESTS). Returns the result and the requests served."""
     n = steady_requests(served, load, seed)
     result = served.run(load, seed=seed, requests=n, slo=slo, progress=progress)
     w = result.summary.steady
+    longer = n
     if isinstance(load, OpenLoop) and w.verdict == "short" and math.isfinite(w.warmup) and w.warmup > 0:
         longer = run_length(e2e=w.warmup, rate=load.rate)
-        if longer > n:
-            n, result = longer, served.run(load, seed=seed, requests=longer, slo=slo, progress=progress)
+    elif n is not None and w.reached and w.effective < MIN_EFFECTIVE:
+        longer = min(MAX_REQUESTS, n - w.requests + math.ceil(w.requests * MIN_EFFECTIVE / max(w.effective, 1.0)))
+    if n is not None and longer > n:
+        n, result = longer, served.run(load, seed=seed, requests=longer, slo=slo, progress=progress)
     return result, n
