@@ -260,7 +260,8 @@ def steady_sentence(s: Summary) -> str:
         return f"{w.reason} (the figures above are the whole run's)"
     return (f"steady window: the {w.requests} requests arriving {w.start:.1f}-{w.end:.1f} s (warm-up and drain "
             f"{w.warmup:.1f} s each, the p90 end-to-end latency): {w.delivered:.3g} requests/s delivered of "
-            f"{w.offered:.3g} offered, {s.steady_output_throughput:,.0f} output tokens/s")
+            f"{w.offered:.3g} offered, {s.steady_output_throughput:,.0f} output tokens/s; its TTFTs are worth "
+            f"{w.effective:.0f} independent samples")
 
 
 def header(served: ServedPlan, args, requests: int | None) -> None:
