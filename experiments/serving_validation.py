@@ -220,31 +220,32 @@ NOTES = """What the rows say (read with the table; nothing here is fitted):
   are each run under the scheduler it was launched with: "sglang" for S01-S08, "sglang, prefill delay 30" for the
   mixed runs (both set SGLANG_SCHEDULER_DECREASE_PREFILL_IDLE=1).
 - Transfer (10-40 ms; 0.3 s for S08's 64K cache over RoCE) and first_step (one decode step) are small everywhere:
-  no row's gap is in them. The gap is in prefill and in the queue or prealloc wait that follows from it.
-- S02-S05 (32 users at once on 2 prefill instances x 2 DP ranks x 2 running): TTFT about -58 to -61 %, P99 -54 to
-  -65 %. The simulation runs the burst in 4 waves of 2 prompts per rank (queue = 1.5 x prefill). The logs' mean and
-  P99 (4.5 and 8 single-prompt prefills: S02 1.14 / 1.13 s at 6K, S04 0.59 / 0.50 s at 3.5K) fit 8 waves of one
-  prompt better than 4 of two; either way a real prefill slot turns over 2-3x slower than predicted (0.25 s for
-  one 3.5K prompt, 0.43 s for two). TPOT within 5-16 %.
-- S08 (V3.2 64K, one prompt at a time on the CP32 prefill, 0.25/s): TTFT -90 %, P99 -96 %. Predicted 2.5 s per 64K
-  prefill keeps the prefill 63 % busy (queue 1.0 s). The log's P99 of 153 s with its last arrival at ~256 s says
-  the real queue grew all run: 64 prefills in ~256 + 153 s, about 6 s each, ~2.5x the prediction, as S02-S05.
-- S07 (rate 8, clients capped at 384 = the decode's 384 slots): TTFT -90 %. Simulated, the decode is the
-  bottleneck (5.7 requests/s) and nobody waits inside TTFT: arrivals beyond the cap wait at the client, which bench
-  does not count. The log completed 3.86/s with 323 in flight and, by Little's law, ~38 requests inside their TTFT
-  on average: the real bottleneck is upstream of the decode, as a prefill 2-3x slower than predicted would make it
-  (the one DP2 x TP8 instance at 4 prompts per rank: ~13.8 requests/s predicted).
-- S06 (rate 8, clients capped at 400 > 384 decode slots): TTFT -40 %, P99 +2 %. The prealloc wait (~2.7 s) carries
+  no row's gap is in them (though in S01 and S07 caches still being sent hold prefill slots). The gap is in the
+  prefill and in the queue or prealloc wait that follows from it.
+- S02-S05 (32 users at once on 2 prefill instances x 2 DP ranks x 2 running): TTFT about -57 to -63 %, P99 -50 to
+  -63 %. A rank's slots stay held while their caches are sent (SGLang's inflight queue), so after a first wave of
+  two the simulated ranks run mostly one prompt at a time (prefill ~0.3 s at 3.5K, queue ~0.8 s). The logs' mean and
+  P99 fit 8 waves of one prompt (mean 4.5, P99 8 prefills: S02 1.14 / 1.13 s at 6K, S04 0.59 / 0.50 s at 3.5K): a
+  real single-prompt prefill takes about 2x the predicted one (~0.25 s at 3.5K). TPOT within 5-16 %.
+- S08 (V3.2 64K, one prompt at a time on the CP32 prefill, 0.25/s): TTFT -89 %, P99 -95 %. Predicted 2.5 s per 64K
+  prefill keeps the prefill 63 % busy (queue 1.4 s). The log's P99 of 153 s with its last arrival at ~256 s says
+  the real queue grew all run: 64 prefills in ~256 + 153 s, about 6 s each, ~2.5x the prediction.
+- S07 (rate 8, clients capped at 384 = the decode's 384 slots): TTFT -48 %, carried by the prefill queue (~4.3 s):
+  the one DP2 x TP8 prefill instance, its slots held while caches are sent, is the bottleneck in the simulation as
+  in the log (5.3 requests/s completed vs the log's 3.86/s with ~38 requests inside their TTFT by Little's law): the
+  real prefill is slower still, as in S02-S05.
+- S06 (rate 8, clients capped at 400 > 384 decode slots): TTFT -40 %, P99 +9 %. The prealloc wait (~2.7 s) carries
   TTFT: 16 requests beyond the decode's slots wait for one, a wait inverse to the decode throughput, which is
   predicted ~39 % high (TPOT -28 %: the W4A8 decode step predicted fast, issue 28 item 3).
-- S01 (832 users, 2P1D, decode DP32): TTFT -41 %, median -87 %, P99 +33 %. The queue (~5.3 s) carries it: the
-  opening burst of 832 drains through 16 prefill slots (~52 waves of 4 x 3.5K at ~0.6 s; the log's P99 of 29.8 s
-  gives ~0.57 s a wave, so here the predicted prefill is about right). After it the simulated client re-issues at
-  the rate the first tokens came and later waves barely queue (median 1.1 s); the real ones still wait ~8 s.
+- S01 (832 users, 2P1D, decode DP32): TTFT +5 %, median +6 %, P99 +44 %: right on the mean for the wrong reasons.
+  The queue (~10 s) carries it: the simulated prefill ranks mostly run 2 of their 4 slots (the others hold caches
+  still being sent, one after another through the rank's egress), 84 % busy, and the opening burst of 832 drains in
+  ~45 s against the log's P99 of 29.8 s; meanwhile the decode is fast (TPOT -26 %, output +41 %), so more requests
+  come back to the prefill than in the run.
 - M1, M2 (PD mixed, DP attention, delayer): TTFT -49 to -54 %, the queue behind the decodes carries it (2.4 / 4.6 s);
   TPOT -29 %, the W4A8 decode step predicted fast.
-- TPOT: the W4A8 rows (S06, S07, M1, M2) -26 to -29 %, V3.2 (S08) -27 %, S01 (W8A8 DP32, 26 per rank) -23 %, the
-  W8A8 DP16 x TP2 rows at 2 per rank -5 to -16 %. Output throughput +24 to +48 %: the decode step predicted fast
+- TPOT: the W4A8 rows (S06, S07, M1, M2) -26 to -29 %, V3.2 (S08) -27 %, S01 (W8A8 DP32, 26 per rank) -26 %, the
+  W8A8 DP16 x TP2 rows at 2 per rank -5 to -16 %. Output throughput +24 to +47 %: the decode step predicted fast
   and, in the closed loops, the short TTFT.
 """
 

@@ -57,8 +57,11 @@ def test_a_small_sglang_pd_run_adds_its_terms_up_to_its_ttft_in_the_order_of_the
     assert (r.scheduled < r.prefill_end).all() and (r.prefill_end < r.kv_ready).all()
     assert (r.kv_ready <= r.first_token).all()
     assert terms["prefill"] > 0 and terms["transfer"] > 0
-    # 16 prompts on 2 instances x 2 DP ranks x 2 running: the second half waits for the first half's prefill batch
-    assert terms["queue"] == pytest.approx(0.5 * terms["prefill"], rel=0.02)
+    # 16 prompts on 2 instances x 2 DP ranks x 2 running: half start at once, the other half wait at least one
+    # whole prefill (a slot frees when its prompt's forward, or its cache's sending, ends)
+    waits = (r.scheduled - r.decode_admitted).sort_values()
+    assert (waits.iloc[:8] == 0).all()
+    assert (waits.iloc[8:] >= (r.prefill_end - r.scheduled).min() * (1 - 1e-9)).all()
     row = sv.serve(run, "sglang")
     assert sum(row[c] for c in TERM_COLUMNS) == pytest.approx(row["ttft_ms"], rel=1e-9)
 
