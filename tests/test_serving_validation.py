@@ -77,3 +77,15 @@ def test_the_dp16_row_runs_small_and_the_schedulers_differ_as_the_frameworks_do(
     assert sglang["output_tok_s"] > 2 * vllm["output_tok_s"]
     assert sglang["prealloc_ms"] == sglang["transfer_ms"] == 0.0  # co-located: the token streams at the prefill
     assert sum(sglang[c] for c in TERM_COLUMNS) == pytest.approx(sglang["ttft_ms"], rel=1e-9)
+
+
+def test_the_s01_plan_encodes_its_launch():
+    """r1-a3-sglang-pd-dp32: two prefill nodes of --tp-size 16 --dp-size 2, a two-node decode of --tp-size 32
+    --dp-size 32 --moe-dense-tp 1 --enable-dp-lm-head, NEXTN 2 steps; 32 cards."""
+    s = sv.setup(run_of("S01"))
+    pre, dec = s.plan.instance("prefill"), s.plan.instance("decode")
+    assert (pre.instances, pre.ranks, pre.attention.dp, pre.attention.tp, pre.moe.ep) == (2, 16, 2, 8, 16)
+    assert (dec.ranks, dec.attention.dp, dec.attention.tp, dec.moe.ep, dec.dense_tp, dec.lm_head_tp) == \
+        (32, 32, 1, 32, 1, 1)
+    assert (s.plan.mtp.depth, s.plan.mtp.acceptance) == (2, pytest.approx(1.55))
+    assert 2 * pre.ranks + dec.ranks == 2 * run_of("S01").chips  # dies: two per card
