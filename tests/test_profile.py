@@ -202,13 +202,17 @@ def test_fit_then_kernel_sim_moves_towards_the_profile(cli, tmp_path):
 
 
 def test_fit_chooses_few_influential_parameters_and_improves():
-    ops = [op for op in compare.group(read_profile(KERNEL_DETAILS))[0] if op.op_type == "BatchMatMul"]
-    problem = fit.Problem("910b2", ops)
-    result = fit.fit(problem, load_chip("910b2"))
-    assert 1 <= len(result.params) <= len(ops)
-    assert result.loss_after <= result.loss_before
-    for p, v in result.params:
-        assert p.path.startswith(("efficiency.", "overheads.")) and p.low <= v <= p.high
+    """The GEMM rows constrain the cube's efficiency alone; the fit says which rows it rests on. The two
+    BatchMatMul shapes alone constrain nothing (each parameter binds at most one of them): refused."""
+    gemms = [op for op in compare.group(read_profile(KERNEL_DETAILS))[0] if op.mapping.kernel == "gemm"]
+    labels = [f"{op.op_type} {op.mapping.shape_text}" for op in gemms]
+    result = fit.fit(fit.Problem("910b2", gemms), load_chip("910b2"), labels=labels)
+    assert [p.path for p, _ in result.params] == ["efficiency.cube"] and result.loss_after <= result.loss_before
+    for (p, v), rows in zip(result.params, result.rests_on):
+        assert p.low <= v <= p.high and len(rows) >= 5 and set(rows) <= set(labels)
+    bmm = [op for op in gemms if op.op_type == "BatchMatMul"]
+    with pytest.raises(fit.NpusimError, match="constrain no parameter, so there is nothing to fit"):
+        fit.fit(fit.Problem("910b2", bmm), load_chip("910b2"))
 
 
 class Quadratic(fit.Problem):
@@ -283,3 +287,34 @@ def test_fit_needs_a_shipped_chip_to_inherit(capsys, bad_chip):
 def test_unknown_chip_through_the_cli(cli):
     r = cli("profile", KERNEL_DETAILS, "--hw", "910x")
     assert r.returncode == 2 and "unknown chip '910x'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_fit_refuses_a_parameter_the_rows_do_not_constrain():
+    """Issue 29 item 5: in kernel_details.csv only the LayerNorm shape is bound by HBM (the GEMMs by the cube), so
+    the rows do not constrain efficiency.hbm (the fit used to set it 0.85 -> 0.65 from that one shape): named, it is
+    refused with the row it would rest on; L2 efficiency moves the same GEMMs as the cube's and is not separable."""
+    ops = compare.group(read_profile(KERNEL_DETAILS))[0]
+    labels = [f"{op.op_type} {op.mapping.shape_text}" for op in ops]
+    problem = fit.Problem("910b2", ops)
+    with pytest.raises(fit.NpusimError, match=r"efficiency\.hbm: binds 1 row\(s\) of the profile \(LayerNormV3 "
+                                              r"rows=4096,dim=12288"):
+        fit.fit(problem, load_chip("910b2"), only=["efficiency.hbm"], labels=labels)
+    chosen = fit.influential(problem, fit.candidates(load_chip("910b2")))
+    kept, refused = fit.constrained(chosen, labels)
+    assert [p.path for p in kept] == ["efficiency.cube"]
+    assert any(r.startswith("efficiency.hbm: binds 1 row(s)") for r in refused)
+    assert any(r.startswith("efficiency.l2: moves the same rows") for r in refused)
+    cube = kept[0]
+    assert len(cube.rows()) >= 5 and all(labels[i].startswith(("MatMul", "BatchMatMul")) for i in cube.rows())
+
+
+def test_constraint_rule_on_synthetic_shares():
+    """A parameter binding one row, or moving the rows as one already kept does, is not fitted."""
+    p = lambda path, *shares: fit.Parameter(path, "number", 0.9, 0.05, 1.0, sum(shares), shares)  # noqa: E731
+    kept, refused = fit.constrained([p("efficiency.cube", 1, 1, 0.9, 0), p("efficiency.l2", 0.6, 0.6, 0.55, 0),
+                                     p("efficiency.hbm", 0, 0, 0.1, 1), p("efficiency.vector", 0, 0, 0.6, 0.9)],
+                                    ["a", "b", "c", "d"])
+    assert [k.path for k in kept] == ["efficiency.cube", "efficiency.vector"]
+    assert refused[0].startswith("efficiency.l2: moves the same rows in the same proportions as efficiency.cube")
+    assert refused[1] == ("efficiency.hbm: binds 1 row(s) of the profile (d), fewer than the 2 a fit needs to tell "
+                          "an efficiency from a mechanism npusim lacks")

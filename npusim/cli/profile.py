@@ -125,6 +125,10 @@ def _summary(profile: Profile, chip: Chip, table: pd.DataFrame, unmapped: pd.Dat
     if fitted is not None:
         extra["fitted"] = "; ".join(f"{p.path} {p.text(p.value, 4)} -> {p.text(v, 4)}"
                                     for p, v in fitted.fit.params)
+        for (p, _), rows in zip(fitted.fit.params, fitted.fit.rests_on):
+            extra[f"{p.path} rests on"] = f"{len(rows)} rows: " + "; ".join(rows)
+        for i, text in enumerate(fitted.fit.refused):
+            extra[f"not fitted {i + 1}"] = text
         extra["median_abs_error_after_fit_pct"] = round(float(table['fitted_error_pct'].abs().median()), 1)
         extra["chip written"] = f"{fitted.path} (use --hw {fitted.path})"
         for i, text in enumerate(fitted.fit.warnings()):

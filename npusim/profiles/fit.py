@@ -2,8 +2,14 @@
 
 Parameters: the ratios under the chip file's `efficiency:` and the times under its `overheads:` (npusim.spec.chip)
 that the profile's mapped kernels read -- found by perturbing each and keeping those that move at least one op's
-simulated time, ranked by how much they move them. The three most influential are fitted, never more than the
-profile has distinct ops (a profile of one kernel fits one number), unless the user names the fields (--params).
+simulated time, ranked by how much they move them. A parameter is fitted only where the profile's rows constrain
+it: at least `MIN_ROWS` distinct ops whose time it binds (`BOUND_SHARE`: the op's time moves at least half as much as
+an op bound by it alone would), and an effect on the rows not that of a parameter already chosen (`COLLINEAR`: two
+parameters that move the same rows in the same proportions, as cube and L2 efficiency on large GEMMs, cannot be told
+apart by them). One LayerNorm shape bound by HBM does not make an HBM efficiency: a mechanism npusim lacks explains
+one row as well. The three most influential constrained parameters are fitted, unless the user names the fields
+(--params), which are refused, with the reason, when the rows do not constrain them. Each fitted value names the
+rows it rests on.
 
 Objective: the mean, over the profile's distinct ops (one kernel and shape each, so a thousand identical small
 launches do not outweigh one large GEMM), of |log(predicted / measured)| (measured: the median of the op's
@@ -45,6 +51,9 @@ GRID = 9
 GOLDEN_STEPS = 10
 PASSES = 2
 GAIN = 1e-3
+BOUND_SHARE = 0.5  # a row binds a parameter when its time moves >= half as much as a row bound by it alone
+MIN_ROWS = 2  # distinct ops a parameter must bind to be fitted: one row cannot tell an efficiency from a mechanism
+COLLINEAR = 0.95  # cosine of two parameters' effects on the rows above which the rows cannot tell them apart
 
 
 @dataclass(frozen=True)
@@ -55,9 +64,18 @@ class Parameter:
     low: float
     high: float
     influence: float = 0.0  # sum over ops of |log time change| when perturbed
+    shares: tuple[float, ...] = ()  # per op: its |log time change| over that of an op bound by this parameter alone
 
     def text(self, v: float, digits: int = 6) -> str:
         return units.format(v, self.dim, digits) if self.dim == "time" else f"{v:.{digits}g}"
+
+    def perturbed(self) -> float:
+        """The value the influence is measured at: a ratio 20 % lower, a time doubled (plus 1 us)."""
+        return self.value * 0.8 if self.dim == "number" else self.value * 2 + 1e-6
+
+    def rows(self) -> tuple[int, ...]:
+        """The ops (indices) whose time this parameter binds (`BOUND_SHARE`)."""
+        return tuple(i for i, s in enumerate(self.shares) if s >= BOUND_SHARE)
 
     def grid(self) -> list[float]:
         if self.dim == "time":
@@ -70,6 +88,8 @@ class Fit:
     params: tuple[tuple[Parameter, float], ...]  # (parameter, fitted value)
     loss_before: float
     loss_after: float
+    rests_on: tuple[tuple[str, ...], ...] = ()  # per fitted parameter: the rows (op and shape) that constrain it
+    refused: tuple[str, ...] = ()  # parameters that move the ops but that the rows do not constrain, with why
 
     def warnings(self) -> list[str]:
         """Fitted values that compensate for something other than an efficiency: at a bound, or moved > 1.5x (a
@@ -129,17 +149,43 @@ def influential(problem: Problem, params: list[Parameter]) -> list[Parameter]:
     base = problem.times({})
     out = []
     for p in params:
-        moved = p.value * 0.8 if p.dim == "number" else p.value * 2 + 1e-6
-        t = problem.times({p: moved})
-        score = float(np.sum(np.abs(np.log(t / base)))) if np.all(np.isfinite(t)) else 0.0
-        if score > 1e-6:
-            out.append(Parameter(p.path, p.dim, p.value, p.low, p.high, score))
+        t = problem.times({p: p.perturbed()})
+        change = np.abs(np.log(t / base)) if np.all(np.isfinite(t)) else np.zeros(len(base))
+        alone = abs(math.log(p.perturbed() / p.value)) if p.value > 0 else math.inf  # an op bound by p alone
+        if change.sum() > 1e-6:
+            out.append(Parameter(p.path, p.dim, p.value, p.low, p.high, float(change.sum()),
+                                 tuple(float(c / alone) for c in change)))
     return sorted(out, key=lambda p: -p.influence)
 
 
-def fit(problem: Problem, chip: Chip, only: list[str] | None = None) -> Fit:
-    """Fit the `only` fields (those of them the ops depend on), or the three most influential (at most one per
-    distinct op)."""
+def constrained(params: list[Parameter], labels: list[str]) -> tuple[list[Parameter], list[str]]:
+    """The parameters (most influential first) that the rows constrain, and why each other one is not: it binds
+    fewer than `MIN_ROWS` ops, or it moves the rows as a parameter already kept does (`COLLINEAR`)."""
+    kept, refused = [], []
+    for p in params:
+        rows = p.rows()
+        twin = next((k for k in kept if _cosine(k.shares, p.shares) >= COLLINEAR), None)
+        if len(rows) < MIN_ROWS:
+            on = "; ".join(labels[i] for i in rows) or "no row"
+            refused.append(f"{p.path}: binds {len(rows)} row(s) of the profile ({on}), fewer than the {MIN_ROWS} a "
+                           "fit needs to tell an efficiency from a mechanism npusim lacks")
+        elif twin is not None:
+            refused.append(f"{p.path}: moves the same rows in the same proportions as {twin.path}, so they cannot "
+                           "tell the two apart")
+        else:
+            kept.append(p)
+    return kept, refused
+
+
+def _cosine(a: tuple[float, ...], b: tuple[float, ...]) -> float:
+    x, y = np.array(a), np.array(b)
+    norm = float(np.linalg.norm(x) * np.linalg.norm(y))
+    return float(x @ y) / norm if norm else 0.0
+
+
+def fit(problem: Problem, chip: Chip, only: list[str] | None = None, labels: list[str] | None = None) -> Fit:
+    """Fit the `only` fields (refused when the rows do not constrain one), or the three most influential that the
+    rows constrain. `labels`: each op's name in the messages (default: its index)."""
     params = candidates(chip)
     if only:
         known = {p.path for p in params}
@@ -152,7 +198,14 @@ def fit(problem: Problem, chip: Chip, only: list[str] | None = None) -> Fit:
     if not chosen:
         raise NpusimError(f"none of {', '.join(p.path for p in params)} changes the simulated time of the "
                           f"profile's ops: nothing to fit")
-    chosen = chosen if only else chosen[:min(3, len(problem.measured))]
+    labels = labels or [f"row {i + 1}" for i in range(len(problem.measured))]
+    chosen, refused = constrained(chosen, labels)
+    if only and refused:
+        raise NpusimError(refused[0], field="--params")
+    if not chosen:
+        raise NpusimError("the profile's rows constrain no parameter, so there is nothing to fit: "
+                          + "; ".join(refused), field="--fit")
+    chosen = chosen if only else chosen[:3]
     values = {p: p.value for p in chosen}
     before = best = problem.loss(problem.times(values))
     for n in range(PASSES):
@@ -161,7 +214,8 @@ def fit(problem: Problem, chip: Chip, only: list[str] | None = None) -> Fit:
             values[p], best = _line(problem, values, p, best, coarse=n == 0)
         if start - best < GAIN:
             break
-    return Fit(tuple((p, values[p]) for p in chosen), before, best)
+    return Fit(tuple((p, values[p]) for p in chosen), before, best,
+               tuple(tuple(labels[i] for i in p.rows()) for p in chosen), tuple(refused))
 
 
 def _line(problem: Problem, values: dict, p: Parameter, best: float, coarse: bool) -> tuple[float, float]:
@@ -231,6 +285,6 @@ def calibrate(hw: str, ops: list[Op], profile: str, out: str | Path, only: list[
     """Fit `hw` (a shipped chip) to the ops, write the overlay, and time the ops again on the file written."""
     chip = load_chip(hw)
     problem = Problem(hw, ops)
-    result = fit(problem, chip, only)
+    result = fit(problem, chip, only, [f"{op.op_type} {op.mapping.shape_text}" for op in ops])
     path = write_overlay(result, chip, profile, ops, out)
     return Calibration(result, path, problem.times_on(load_chip(str(path))))
