@@ -91,7 +91,29 @@ def predict(hw: str = DEFAULT["hw"], model: str = DEFAULT["model"], plan: str = 
 
     `prefix_hit` (a fraction in [0, 1)): that share of each prompt is already cached (a shared prefix, the radix
     cache): the prefill computes only the rest, attending to the cached blocks, and only the rest crosses to the
-    decode pool (its radix cache holds the prefix); the cache memory still counts the whole prompt."""
+    decode pool (its radix cache holds the prefix); the cache memory still counts the whole prompt.
+
+    Arguments (valid values and units; bad ones raise NpusimError naming the argument):
+      hw: a system (`npusim hw list`: atlas-800-a2, atlas-800-a3, cloudmatrix384, atlas-950-superpod) or a system
+          YAML path; default cloudmatrix384.
+      model: a model (`npusim model list`: deepseek-v3.2-exp, deepseek-v3.1, deepseek-v4-flash, deepseek-v4-pro), a
+          model YAML path or a Hugging Face config.json (workloads/models/hf/*/config.json ship); default
+          deepseek-v3.2-exp.
+      plan: a shipped plan (`npusim list plans`) or a plan YAML path; default v32-a3-pd-a17.
+      input: prompt tokens per request, a whole number >= 1, at most the model's max_position_embeddings; default
+          131072.
+      output: output tokens per request, a whole number >= 1; default 1024.
+      batch: the global decode batch (sequences decoding at once over all decode instances), a whole number >= 1;
+          default 256.
+      prefill_batch: prompts prefilled together in one step, a whole number >= 1; default 1.
+      context: tokens the decode step attends to per sequence, a whole number >= 1 (default input + output // 2).
+      quant: a quantisation preset (bf16, w8a8, w8a8-modelslim, w8a8c8, w8a8-ic8, w4a16, w4a8, w4a8c8, fp8,
+          mxfp8-mxfp4; `npusim model show --help`) or None for the checkpoint's own format; default bf16.
+      prefix_hit: share of each prompt already in the prefix cache, a fraction in [0, 1); default 0.
+      overrides: dotted field -> value with units, as `--set` takes them (e.g. {"hbm.bandwidth": "2TB/s",
+          "plan.decode.moe.ep": "64"}); default none.
+    Returns a Prediction: times in seconds (ttft, tpot), memory in bytes, energy in joules, throughput in tokens
+    per second per chip."""
     for name, value in (("--input", input), ("--output", output), ("--batch", batch),
                         ("--prefill-batch", prefill_batch)):
         if value < 1:

@@ -103,3 +103,14 @@ def test_bad_measured_json(cli, tmp_path, content, needle):
     f.write_text(content)
     r = cli("check", f)
     assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr
+
+
+def test_check_names_memory_in_the_readmes_units(cli, tmp_path):
+    """Issue 29 item 5: the drift table's memory metrics use the README's unit suffix `_GiB`, not `_gib`."""
+    base = tmp_path / "b.yaml"
+    base.write_text("scenarios:\n  v4:\n    run: {hw: atlas-950-superpod, model: deepseek-v4-flash, "
+                    "plan: v4flash-950dt-a23, input: 2048, output: 256, batch: 64, quant: model}\n")
+    r = cli("check", base, "--format", "json")
+    metrics = [row["metric"] for row in json.loads(r.stdout)["rows"]]
+    assert "decode_memory_GiB" in metrics, metrics  # the A23 plan is decode-only: no prefill memory
+    assert not any(m.endswith("_gib") for m in metrics)

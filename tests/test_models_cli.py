@@ -86,3 +86,21 @@ def test_bad_input_is_one_sentence_and_exit_2(args, words):
     assert len(out.stderr.strip().splitlines()) == 1
     for w in words:
         assert w in out.stderr, (w, out.stderr)
+
+
+def test_list_shows_the_shipped_hf_configs_beside_the_built_ins(tmp_path):
+    """Issue 29 item 5: the configs of workloads/models/hf (GLM-5, Kimi-K2, Qwen3, ...) are listed with the built-ins,
+    each under the name `--model` takes (from any directory), with its model_type and size; drafts are not listed."""
+    out = subprocess.run([sys.executable, "-m", "npusim.cli.main", "model", "list", "--format", "json"],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    rows = {r["name"].split("/hf/")[-1]: r for r in json.loads(out.stdout)["rows"]}
+    assert rows["deepseek-v3.2-exp"]["kind"] == "built-in"
+    glm5 = rows["GLM-5/config.json"]
+    assert glm5["kind"] == "HF config" and "glm_moe_dsa" in glm5["description"] and glm5["layers"] == 78
+    assert rows["Kimi-K2-Instruct/config.json"]["params (B)"] == pytest.approx(1026, rel=0.01)
+    assert "Qwen3-235B-A22B/config.json" in rows and not any("drafts" in n for n in rows)
+    name = next(r["name"] for r in json.loads(out.stdout)["rows"] if r["name"].endswith("GLM-5/config.json"))
+    show = subprocess.run([sys.executable, "-m", "npusim.cli.main", "model", "show", name, "--format", "json"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert show.returncode == 0, show.stderr

@@ -112,3 +112,58 @@ def test_a_decode_only_plan_reports_no_ttft(tmp_path):
     got = ids(page)
     assert "ttft_ms" not in got and "prefill_tok_s_chip" not in got and got["tpot_ms"] > 0
     assert "no prefill instance" in page
+
+
+
+def html_rows(body: str) -> list[dict[str, str]]:
+    """The first HTML table of `body` as rows of header -> cell text."""
+    from html.parser import HTMLParser
+
+    class Cells(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.rows, self.cell = [], None
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "tr":
+                self.rows.append([])
+            elif tag in ("td", "th"):
+                self.cell = ""
+
+        def handle_endtag(self, tag):
+            if tag in ("td", "th") and self.cell is not None:
+                self.rows[-1].append(self.cell.strip())
+                self.cell = None
+
+        def handle_data(self, data):
+            if self.cell is not None:
+                self.cell += data
+
+    parser = Cells()
+    parser.feed(body[body.index("<table"):body.index("</table>")])
+    head, *rest = parser.rows
+    return [dict(zip(head, r)) for r in rest]
+
+
+def test_a_bound_row_is_a_bound_and_cjk_text_is_transliterated():
+    """Issue 29 item 5: A17's published figures are SLO bounds (TTFT <= 2 s, TPOT <= 30 ms), not measured times: the
+    report says met or missed with no error beside them and leaves them out of the median |error|; CJK text of a
+    source's row name ('Prefill 64卡') is transliterated, as a browser without a CJK font would draw boxes."""
+    import pandas as pd
+
+    from npusim.results import report
+    from npusim.spec.catalog import data_root
+
+    frame = pd.read_csv(data_root() / report.VALIDATION)
+    section = report.closest_validation(frame, "cloudmatrix384", "deepseek-v3.2-exp", "v32-a3-pd-a17", "bf16", n=40)
+    rows = html_rows(section.body)
+    bounds = [r for r in rows if r["id"] == "A17"]
+    assert len(bounds) == len(frame[(frame["id"] == "A17") & (frame["kind"] == "bound")]) > 0
+    for r in bounds:  # no error_% beside a bound; met exactly when the prediction is within it
+        met = float(r["predicted_ms"]) <= float(r["published_ms"])
+        assert r["error_%"] == "-" and r["bound"].startswith("met: " if met else "missed: "), r
+    measured = [abs(float(r["error_%"])) for r in rows if r["id"] != "A17"]
+    median = float(re.search(r"validation_median_abs_error_pct'>([\d.]+)<", section.body).group(1))
+    assert measured and median == pytest.approx(float(np.median(measured)), abs=0.051)
+    assert not any(report._cjk(ch) for ch in section.body) and "64 ka (cards)" in section.body
+    assert report.latin("64卡 中") == "64 ka (cards) U+4E2D"

@@ -43,15 +43,33 @@ def run_list(args) -> None:
     from npusim.graph.accounting import cache_footprint, parameters
 
     records = []
-    for name in model_names():
+    for name, kind in [(n, "built-in") for n in model_names()] + [(c, "HF config") for c in shipped_configs()]:
         m = load_model(name)
         params = parameters(m)
         cache = cache_footprint(m, get_quant(m.default_quant))
-        records.append({"name": name, "model_type": m.model_type, "layers": m.num_hidden_layers,
+        records.append({"name": name, "kind": kind, "model_type": m.model_type, "layers": m.num_hidden_layers,
                         "hidden": m.hidden_size, "params (B)": round(params.total / 1e9, 1),
                         "activated (B)": round(params.activated / 1e9, 2), "quant": m.default_quant,
-                        "cache B/token": round(cache.bytes_per_token), "description": m.description})
+                        "cache B/token": round(cache.bytes_per_token),
+                        "description": m.description if kind == "built-in" else _config_description(m)})
     common.emit(pd.DataFrame(records), args.format)
+
+
+def shipped_configs() -> list[str]:
+    """The Hugging Face config.json files that ship (workloads/models/hf/<model>/config.json; drafts/ holds EAGLE-3
+    draft models, which are not models to serve), as paths `--model` takes from here (relative below the working
+    directory, else absolute)."""
+    from pathlib import Path
+
+    from npusim.spec.catalog import data_root
+
+    here = Path.cwd().resolve()
+    paths = sorted((data_root() / "workloads" / "models" / "hf").resolve().glob("*/config.json"))
+    return [str(p.relative_to(here)) if p.is_relative_to(here) else str(p) for p in paths]
+
+
+def _config_description(model) -> str:
+    return f"Hugging Face config.json, model_type {model.source_model_type} (npusim family {model.model_type})"
 
 
 def config_mapping(model) -> dict[str, str]:

@@ -48,14 +48,35 @@ def page(title: str, subtitle: str, sections: list[Section]) -> str:
     return "".join(parts) + "</body></html>\n"
 
 
+# CJK words of the sources' row names, transliterated (pinyin, then the meaning): the page names no font, and a browser
+# without a CJK font (a CI image, a headless Chromium) would draw boxes. Any other CJK character is written U+XXXX.
+TRANSLITERATION = {"卡": " ka (cards)"}
+
+
+def latin(text: str) -> str:
+    """`text` with its CJK characters transliterated (`TRANSLITERATION`), or as their code points."""
+    return "".join(TRANSLITERATION.get(ch, f"U+{ord(ch):04X}" if _cjk(ch) else ch) for ch in text)
+
+
+def _cjk(ch: str) -> bool:
+    """CJK ideographs, kana, hangul and CJK punctuation / full-width forms."""
+    o = ord(ch)
+    return (0x2E80 <= o <= 0x9FFF or 0xAC00 <= o <= 0xD7AF or 0xF900 <= o <= 0xFAFF or 0xFF00 <= o <= 0xFFEF
+            or 0x20000 <= o <= 0x3134F)
+
+
 def _e(text) -> str:
-    return html.escape(str(text))
+    return html.escape(latin(str(text)))
 
 
 def table(frame: pd.DataFrame, digits: int = 2) -> str:
     if frame.empty:
         return "<p class='note'>(none)</p>"
-    return frame.round(digits).to_html(index=False, border=0, na_rep="-", escape=True)
+    shown = frame.round(digits)
+    for col in shown.columns:
+        if not pd.api.types.is_numeric_dtype(shown[col]):
+            shown[col] = shown[col].map(lambda v: latin(v) if isinstance(v, str) else v)
+    return shown.to_html(index=False, border=0, na_rep="-", escape=True)
 
 
 def svg_figure(fig) -> str:
@@ -194,13 +215,21 @@ def closest_validation(frame: pd.DataFrame | None, hw: str, model: str, plan: st
     score = (4 * (frame["plan"] == plan) + 2 * (frame["model"] == model) + (frame["hw"] == hw)
              + (frame["quant"] == quant))
     near = frame.assign(shared=score)[score > 0].sort_values(["shared", "id"], ascending=[False, True]).head(n)
-    shown = near[["id", "row", "metric", "published_ms", "predicted_ms", "error_%", "set", "plan", "model", "hw",
-                  "quant", "shared"]]
-    err = near["error_%"].abs()
+    bound = (near["kind"] == "bound") if "kind" in near else pd.Series(False, index=near.index)
+    # an SLO bound row (a published limit the deployment meets, not a measured time) has no error: met or missed
+    near = near.assign(**{"error_%": near["error_%"].where(~bound), "bound": [
+        (f"{'met' if p <= b else 'missed'}: {p:.0f} ms against the published bound {b:.0f} ms" if is_bound else "")
+        for p, b, is_bound in zip(near["predicted_ms"], near["published_ms"], bound)]})
+    shown = near[["id", "row", "metric", "published_ms", "predicted_ms", "error_%", "bound", "set", "plan", "model",
+                  "hw", "quant", "shared"]]
+    err = near.loc[~bound, "error_%"].abs()
+    bounds = f" ({int(bound.sum())} of them SLO bounds, met or missed, not errors)" if bound.any() else ""
     summary = (f"<p class='note'>{len(near)} rows share this configuration's plan (4), model (2), system (1) or "
-               f"quantisation (1); their median |error| is <span id='validation_median_abs_error_pct'>"
-               f"{err.median():.1f}</span> %.</p>" if len(near) else
-               "<p class='note'>No published row shares this plan, model, system or quantisation.</p>")
+               f"quantisation (1){bounds}; the median |error| of the measured ones is <span "
+               f"id='validation_median_abs_error_pct'>{err.median():.1f}</span> %.</p>" if len(err) else
+               f"<p class='note'>{len(near)} rows share this configuration{bounds}; none is a measured time.</p>"
+               if len(near) else "<p class='note'>No published row shares this plan, model, system or "
+               "quantisation.</p>")
     return Section("Validation status of the closest published rows", summary + table(shown, 1))
 
 
