@@ -187,13 +187,29 @@ def _accepted(name: str, shape: dict[str, int]) -> dict[str, int]:
 
 
 _memo: dict[str, OpTime] = {}
+_by_op: dict[tuple, OpTime] = {}  # the same memo by the op's fields as they are, before any digest is taken
 
 
 def op_time(op: Op, chip: Chip, run: OpRun | str = "graph") -> OpTime:
     """Memoised by content, in the process and on disk: identical ops (61 layers, sweep points, later runs) cost
     one simulation. The disk key includes a fingerprint of the kernel and engine code, so edits never reuse stale
-    results. `run` is an OpRun or just a launch mode."""
+    results. `run` is an OpRun or just a launch mode.
+
+    In the process, an op whose fields, chip content and run were seen before is found by them as they are (a plan
+    search asks for 57 000 op times, nearly all repeats): the digest of the disk key (a repr of the chip, its core
+    partition's when the run has one) is only taken on a miss, and the value is the one that key holds."""
     run = OpRun(run) if isinstance(run, str) else run
+    fields = (op.kind, op.unit, tuple(sorted(op.shape.items())), tuple(sorted(op.dtypes.items())), op.flops,
+              op.bytes, chip.content, run)
+    hit = _by_op.get(fields)
+    if hit is None:
+        hit = _by_op[fields] = _op_time(op, chip, run)
+    return hit if hit.op == op.name else dataclasses.replace(hit, op=op.name)
+
+
+def _op_time(op: Op, chip: Chip, run: OpRun) -> OpTime:
+    """op_time by the digest of its disk key: the in-process memo, the disk cache, else the tuned kernel (or the
+    roofline of an op kind without a tiling), stored in both."""
     chip = partition(chip, run.cores)
     key = hashlib.blake2b(repr((op.kind, op.unit, sorted(op.shape.items()), sorted(op.dtypes.items()), op.flops,
                                 op.bytes, chip.content, run, _code_fingerprint())).encode(), digest_size=16).hexdigest()
@@ -220,12 +236,13 @@ def op_time(op: Op, chip: Chip, run: OpRun | str = "graph") -> OpTime:
             hit = _analytic(op, chip, run)
         _disk_put(key, hit)
     _memo[key] = hit
-    return dataclasses.replace(hit, op=op.name)
+    return hit
 
 
 def clear_memos() -> None:
     """Forget the in-process op times and tile traces (the disk cache stays)."""
     _memo.clear()
+    _by_op.clear()
     _traces.clear()
 
 

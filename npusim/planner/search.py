@@ -47,6 +47,7 @@ from npusim.progress import progress as progress_bar
 from npusim.serving import ClosedLoop, Fixed, OpenLoop, Percentiles, Slo
 from npusim.serving.predicted import ServedPlan
 from npusim.serving.steady import run_length
+from npusim.spec.catalog import files_pinned
 from npusim.spec.system import load_system
 
 
@@ -254,11 +255,20 @@ class SearchResult:
 
 # ------------------------------------------------------------------------------------------------ evaluation
 
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's emitter: the same text as safe_dump, 4x faster
+_PLAN_FILES: dict[tuple[str, str], str] = {}  # (workdir, repr(doc)) -> its file: a decode layout's batches share one
+
+
 def _plan_file(doc: dict, workdir: str) -> str:
-    text = yaml.safe_dump(doc, sort_keys=False)
+    """The plan file of `doc` in the search's `workdir`, named by its text (written once, looked up after)."""
+    key = (workdir, repr(doc))
+    if key in _PLAN_FILES and os.path.exists(_PLAN_FILES[key]):
+        return _PLAN_FILES[key]
+    text = yaml.dump(doc, Dumper=_DUMPER, sort_keys=False)
     path = Path(workdir) / f"p{hashlib.sha1(text.encode()).hexdigest()[:16]}.yaml"
     if not path.exists():
         path.write_text(text)
+    _PLAN_FILES[key] = str(path)
     return str(path)
 
 
@@ -491,7 +501,7 @@ def search(hw: str, model: str, *, input: int, output: int, slo: Slo, max_chips:
     if budget < 2 * space.min_ranks or not space.rank_counts:
         raise NpusimError(f"{budget} ranks cannot hold a prefill and a decode instance of {space.min_ranks} ranks "
                           "each", field="--max-chips")
-    with tempfile.TemporaryDirectory(prefix="npusim-plan-") as workdir:
+    with tempfile.TemporaryDirectory(prefix="npusim-plan-") as workdir, files_pinned():
         pre_runs = _run([(sc, fam, slo, prune, workdir) for fam in _families(space.prefill_layouts())],
                         _walk_prefill_family, workers, "prefill layouts", progress)
         decodes = space.decode_layouts()
@@ -543,6 +553,7 @@ def search(hw: str, model: str, *, input: int, output: int, slo: Slo, max_chips:
                 sc, slo, result.frontier, lambda doc: _plan_file(doc, workdir), percentile=sizing.percentile,
                 requests=load.requests if load else Traffic.requests, seed=load.seed if load else Traffic.seed)
             result.verdict = verdict(result.colocated, result.disaggregated, slo, sizing.percentile)
+    _PLAN_FILES.clear()
     return result
 
 

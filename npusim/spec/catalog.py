@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +74,20 @@ def pin_files(on: bool = True) -> None:
     forgets the digests."""
     global _PINNED
     _PINNED = {} if on else None
+
+
+@contextmanager
+def files_pinned():
+    """Files pinned (`pin_files`) for the duration, unless they already are (a caller's pin is left as it was): a
+    plan search loads the same chip, system and model files at each of its thousand predictions."""
+    if _PINNED is not None:
+        yield
+        return
+    pin_files()
+    try:
+        yield
+    finally:
+        pin_files(False)
 
 
 @dataclass(frozen=True)
