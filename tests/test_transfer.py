@@ -173,3 +173,18 @@ def test_a_prefill_ranks_running_limit_counts_the_caches_it_still_sends():
                  requests=2).requests.sort_values("scheduled")
     first, second = r.itertuples()
     assert second.scheduled >= first.kv_ready > first.prefill_end
+
+
+def test_sglangs_decode_preallocates_beyond_its_running_limit():
+    """SGLang's decode req-to-token pool has 2 x the running limit of extra slots (pre_alloc_size, limits <= 32):
+    with 2 running per rank, 6 requests get their caches reserved and sent at once, and the later ones wait to join,
+    their prefill done, while vLLM's pull connector admits only the running limit."""
+    cap = Capacity(kv_bytes_per_token=70e3, kv_capacity=20e9, max_batch=2, token_budget=16384)
+    link = kv_link(setup_of("v32-a3-pd-a17"))
+    admitted = {}
+    for policy in ("sglang", "vllm"):
+        d = Deployment(prefill=Pool(ranks=6), decode=Pool(), link=link, scheduler=Scheduler(policy))
+        r = simulate(d, ClosedLoop(8, Fixed(1024), Fixed(64)), AnalyticStepModel(cap), seed=0, requests=8).requests
+        first_finish = r.finish.min()
+        admitted[policy] = int((r.decode_admitted < first_finish).sum())
+    assert admitted == {"sglang": 6, "vllm": 2}

@@ -153,6 +153,12 @@ class Scheduler:
                               f"passes (>= 0); got {self.prefill_delay} with the {self.policy} scheduler",
                               field="--prefill-delay")
 
+    @staticmethod
+    def pre_alloc(running: int) -> int:
+        """SGLang PD decode: request slots beyond the running limit for requests preallocated or in transfer
+        (model_runner's DecodeReqToTokenPool pre_alloc_size: twice the limit when it is at most 32, else none)."""
+        return 2 * running if running <= 32 else 0
+
     @property
     def decodes_count(self) -> bool:
         """Whether the running decodes spend the step's token budget (and run in the prefill step)."""

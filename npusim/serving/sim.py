@@ -98,6 +98,9 @@ class Rank:
         self.arrived: list[Request] = []  # caches landed, joining the running batch at the next step boundary
         self.prealloc: deque[Request] = deque()  # SGLang PD: requests waiting for this decode rank to reserve a slot
         self.port = simpy.Resource(instance.sim.env, capacity=1)  # this rank's egress (prefill) / ingress (decode)
+        self.slots = self.max_batch  # request slots: running, preallocated and in transfer together
+        if instance.role == "decode" and instance.sim.early_alloc and not instance.sim.layerwise:
+            self.slots += Scheduler.pre_alloc(self.max_batch)
         self.ratio = Scheduler.INIT_RATIO  # SGLang's new_token_ratio (output reserved per running request)
 
     def load(self) -> int:
@@ -256,7 +259,7 @@ class Rank:
         headroom kept while others run), then hand the request to a prefill rank (its bootstrap is done)."""
         sim = self.instance.sim
         reserve = 0 if sim.layerwise else Scheduler.RESERVED_DECODE_TOKENS
-        while self.prealloc and len(self.running) + self.inbound + len(self.arrived) < self.max_batch:
+        while self.prealloc and len(self.running) + self.inbound + len(self.arrived) < self.slots:
             r = self.prealloc[0]
             others = len(self.running) + self.inbound + len(self.arrived)
             limit = self.admit_limit if others and sim.layerwise else self.kv_tokens
@@ -280,13 +283,14 @@ class Rank:
     def join_arrived(self, now: float) -> None:
         """Requests whose cache has landed join the running batch at this step boundary (SGLang's transfer queue is
         polled once per scheduler pass); SGLang streams the prefill's token now, vLLM with its first decode step."""
-        for r in self.arrived:
+        room = max(0, self.max_batch - len(self.running))
+        for r in self.arrived[:room]:
             r.state = DECODE
             self.running.append(r)
             if self.instance.sim.early_alloc:
                 r.emit(now, r.held)
                 r.held = 0
-        self.arrived.clear()
+        del self.arrived[:room]
 
     def finish(self, decodes: list[Request], chunks: list[tuple[Request, int]], now: float) -> None:
         """Apply a finished step: emit tokens, complete requests, hand prompts over to decode."""
