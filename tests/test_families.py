@@ -282,3 +282,19 @@ def test_gqa_decode_attention_reads_every_sequences_keys(qwen3, tp16):
         assert k.batch == batch
         times[batch] = k.work().hbm_bytes
     assert times[64] == pytest.approx(64 * times[1], rel=0.05)
+
+
+def test_every_family_row_loads_its_deployment():
+    """experiments/family_validation.py: every §1b / §1c row's system, model, plan and preset load (none refused),
+    the EAGLE-3 rows with their drafts."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    import family_validation as fv
+
+    assert {r.id for r in fv.RUNS} == {"S09", "S10", "S11", "S12", "C01", "C02", "C03", "C04", "C05", "C06"}
+    for run in fv.RUNS:
+        s = fv.setup(run)
+        assert s.plan.ranks <= s.system.chips * 2  # dies of the run's cards
+        if run.id in ("S12", "C03"):
+            assert s.plan.mtp.draft
