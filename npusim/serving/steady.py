@@ -136,7 +136,7 @@ def effective_samples(values) -> float:
     autocorrelation time, summed up to the first lag at least 5 times that time (Sokal's automatic window)."""
     x = np.asarray(values, dtype=float)
     x = x[np.isfinite(x)]
-    if x.size < 2 or not np.any(x - x.mean()):
+    if x.size < 2 or x.min() == x.max():
         return float(x.size)  # a constant series: every sample is exact
     x = x - x.mean()
     spectrum = np.fft.rfft(x, 2 * x.size)
