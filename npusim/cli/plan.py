@@ -21,17 +21,22 @@ if TYPE_CHECKING:  # pandas, the planner and the model load in run(), so that ev
 
 def register(sub) -> None:
     p = sub.add_parser("plan", help="search disaggregated plans (CP / DP / TP / EP / o_proj TP / batch / MTP / "
-                                    "microbatches) that meet a TTFT / TPOT SLO; print the Pareto frontier")
-    p.add_argument("--model", default=SCENARIO["model"], help="model name or HF config.json")
-    p.add_argument("--hw", default=SCENARIO["hw"], help="system")
-    p.add_argument("--input", type=int, default=SCENARIO["input"], help="prompt tokens")
-    p.add_argument("--output", type=int, default=SCENARIO["output"], help="output tokens")
+                                    "microbatches) that meet a TTFT / TPOT SLO; print the Pareto frontier",
+                       epilog="npusim plan list: every shipped plan (workloads/plans) with its description")
+    p.add_argument("--model", default=SCENARIO["model"],
+                   help=f"model name or HF config.json (default {SCENARIO['model']})")
+    p.add_argument("--hw", default=SCENARIO["hw"], help=f"system (default {SCENARIO['hw']})")
+    p.add_argument("--input", type=int, default=SCENARIO["input"],
+                   help=f"prompt tokens (default {SCENARIO['input']})")
+    p.add_argument("--output", type=int, default=SCENARIO["output"],
+                   help=f"output tokens (default {SCENARIO['output']})")
     p.add_argument("--prefix-hit", type=float, default=0.0,
                    help="share of each prompt already in the prefix cache, in [0, 1): the plans are predicted and "
                         "served with it (default 0)")
     p.add_argument("--slo", default="ttft=2s,tpot=30ms", help="targets, e.g. ttft=2s,tpot=30ms (default)")
     p.add_argument("--max-chips", type=common.finite, default=None, help="chip budget for both instances (default: the system)")
-    p.add_argument("--quant", default=SCENARIO["quant"], help="quantisation preset ('model' = checkpoint format)")
+    p.add_argument("--quant", default=SCENARIO["quant"],
+                   help=f"quantisation preset ('model' = checkpoint format; default {SCENARIO['quant']})")
     p.add_argument("--ranks", default="", help="instance sizes in ranks to try, e.g. 16,32 (default: powers of two)")
     p.add_argument("--mtp", default="0,1,3", help="MTP depths to try (published acceptances: 0, 1, 3)")
     p.add_argument("--workers", type=int, default=None, help="local processes (default: up to 2)")
@@ -59,20 +64,106 @@ def register(sub) -> None:
     common.add_set(p)
     common.add_format(p)
     p.set_defaults(run=run)
-    cmds = p.add_subparsers(dest="plan_command", metavar="list")
+    # `npusim plan list` is named in the epilog, not as a positional of the search's usage line
+    cmds = p.add_subparsers(dest="plan_command", help=argparse.SUPPRESS)
     lst = cmds.add_parser("list", help="every shipped plan (workloads/plans) with its description")
     common.add_format(lst)
     lst.set_defaults(run=lambda args: listing.show("plans", args.format))
 
 
 def _table(cands, per_chip_s: float) -> pd.DataFrame:
-    """Candidates as rows, with $ per million output tokens from the served rate (prefill chips included)."""
+    """Candidates as rows, with $ per million output tokens from the served rate (prefill chips included); rows of
+    identical figures merged (`merge_alike`)."""
     import pandas as pd
 
-    frame = pd.DataFrame([c.row() for c in cands])
+    frame = _rows([c.row() for c in cands])
     if not frame.empty:
         frame["usd_per_mtok"] = per_chip_s / frame["served_tok_s_chip"] * 1e6
+    return merge_alike(frame.round(2))
+
+
+def _rows(rows: list[dict]) -> pd.DataFrame:
+    """Table rows with whole chip counts (a package partly used, an odd die count, is a package taken)."""
+    import math
+
+    import pandas as pd
+
+    frame = pd.DataFrame(rows)
+    if "chips" in frame:
+        frame["chips"] = [math.ceil(c - 1e-9) for c in frame["chips"]]
     return frame
+
+
+def _served_rows(served, pct: str) -> pd.DataFrame:
+    """Plans served under a load: one not served (its pools short of the rate, no HBM left for its cache) has no
+    served figures (NaN, JSON null), not infinities."""
+    rows = []
+    for s in served:
+        row = s.row(pct)
+        if s.error:
+            row.update({k: float("nan") for k in (f"ttft_{pct}_ms", f"tpot_{pct}_ms", "served_tok_s_chip_under_load")})
+        rows.append(row)
+    return _rows(rows).round(2)
+
+
+def merge_alike(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows whose figures (every numeric column) are identical as one row: layouts that differ in one token (o_proj
+    TP 1 or 8 under an attention TP of 8 is the same deployment) as 'oTP1|oTP8', other alternatives side by side
+    (' / ', the i-th of each text column belonging together)."""
+    import pandas as pd
+
+    if frame.empty:
+        return frame
+    text = [c for c in frame.columns if not pd.api.types.is_numeric_dtype(frame[c])]
+    figures = [c for c in frame.columns if c not in text]
+    rows = []
+    for _, group in frame.groupby(figures, sort=False, dropna=False):
+        variants = [[str(v) for v in r] for r in group[text].itertuples(index=False)]
+        variants = _merge_one_token(variants)
+        row = group.iloc[0].to_dict()
+        for i, col in enumerate(text):
+            values = list(dict.fromkeys(v[i] for v in variants))
+            row[col] = values[0] if len(values) == 1 else " / ".join(v[i] for v in variants)
+        rows.append(row)
+    return pd.DataFrame(rows, columns=frame.columns)
+
+
+def _merge_one_token(variants: list[list[str]]) -> list[list[str]]:
+    """Pairs of variants (a text per column) that differ in exactly one space-separated token, merged as 'a|b'."""
+    out = [list(v) for v in variants]
+    merged = True
+    while merged:
+        merged = False
+        for i in range(len(out)):
+            for j in range(i + 1, len(out)):
+                a, b = ([c.split(" ") for c in v] for v in (out[i], out[j]))
+                if [len(x) for x in a] != [len(x) for x in b]:
+                    continue
+                diff = [(c, k) for c in range(len(a)) for k in range(len(a[c])) if a[c][k] != b[c][k]]
+                if len(diff) == 1:
+                    c, k = diff[0]
+                    a[c][k] = f"{a[c][k]}|{b[c][k]}"
+                    out[i] = [" ".join(x) for x in a]
+                    del out[j]
+                    merged = True
+                    break
+            if merged:
+                break
+    return out
+
+
+def _not_served(frame: pd.DataFrame, served: pd.Series) -> pd.DataFrame:
+    """The table as printed: a row not served says so in its served-figure cells instead of NaN (figures with two
+    decimals, as the other tables print them)."""
+    if served.all():
+        return frame
+    shown = frame.astype(object)
+    for col in frame.columns:
+        if frame[col].dtype.kind == "f":
+            shown[col] = [f"{v:.2f}" if v == v else "-" for v in frame[col]]
+    cols = [c for c in frame.columns if c.startswith(("ttft_p", "tpot_p", "ttft_mean", "tpot_mean", "served_tok"))]
+    shown.loc[~served, cols] = "not served"
+    return shown
 
 
 def _ints(text: str, option: str) -> tuple[int, ...]:
@@ -119,9 +210,9 @@ def run(args) -> None:
     params = CostParams()
     per_chip_s = chip_usd_per_second(system.power_per_chip, system.price_per_chip, params) / params.utilisation
     shown = result.frontier or result.closest
-    frame = _table(shown, per_chip_s).round(2)
+    frame = _table(shown, per_chip_s)
     pct = result.percentile
-    served = pd.DataFrame([s.row(pct) for s in result.served]).round(2)
+    served = _served_rows(result.served, pct)
     written = write_plan(result, args.out) if result.recommended else None
     confirm = commands(result, written) if written else []
     extra = {"refusal": result.refusal or None, "candidates": result.candidates, "predictions": result.predictions,
@@ -137,7 +228,7 @@ def run(args) -> None:
         extra["verdict"] = mixed[1]
     if written:
         _write_search(result, written, frame, served if traffic else
-                      pd.DataFrame([c.row() for c in result.closest]).round(2), mixed)
+                      _rows([c.row() for c in result.closest]).round(2), mixed)
     if args.figures and not frame.empty:
         figure = _figure(args.figures, frame, mixed)
         extra["figure"] = str(figure)
@@ -163,16 +254,17 @@ def run(args) -> None:
     common.emit(frame, "table", title="Pareto frontier (served tok/s per chip counts the prefill chips; "
                                       f"$ per million output tokens at {params.describe()})")
     if result.recommended is None:
-        closest = pd.DataFrame([s.row(pct) for s in result.closest_served()]).round(2)
+        closest = _served_rows(result.closest_served(), pct)
         print(f"\nno plan on the frontier meets the SLO at {pct} under this load; the closest served (by the worse "
               f"of TTFT {pct}/SLO and TPOT {pct}/SLO):")
-        common.emit(closest, "table")
+        common.emit(_not_served(closest, closest[f"tpot_{pct}_ms"].notna()), "table")
         return
     if traffic or len(result.served) > 1:
         print()
         title = ("served under the load, fewest chips first until one meets the SLO" if traffic else
                  "served at their pools' rate, the cheapest tokens first until one meets the SLO")
-        common.emit(served, "table", title=f"{title} (one request's TTFT / TPOT beside their {pct} served)")
+        common.emit(_not_served(served, served[f"tpot_{pct}_ms"].notna()), "table",
+                    title=f"{title} (one request's TTFT / TPOT beside their {pct} served)")
     c = result.recommended
     print(f"\nrecommended: {c.pools.prefill} x prefill {c.prefill.layout.describe()} + {c.pools.decode} x decode "
           f"{c.decode.layout.describe()} ({c.pools.describe()}), global batch {c.batch}: TTFT {c.ttft * 1e3:.0f} ms, "
@@ -185,8 +277,9 @@ def run(args) -> None:
               f"tok/s per chip ({'meets the SLO' if v.ok else v.verdict(pct)})")))
     if mixed:
         print()
-        common.emit(mixed[0], "table", title="co-located vs disaggregated, served (co-located: closed loop, fewer "
-                                              f"users until the SLO is met, {args.requests}+ requests; SLO at {pct})")
+        common.emit(_not_served(mixed[0], mixed[0]["served_tok_s_chip"].notna()), "table",
+                    title="co-located vs disaggregated, served (co-located: closed loop, fewer users until the SLO is "
+                          f"met, {args.requests}+ requests; SLO at {pct})")
         print(f"verdict: {mixed[1]}")
     if "figure" in extra:
         print(f"frontier figure: {extra['figure']}")

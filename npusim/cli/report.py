@@ -29,9 +29,9 @@ def register(sub) -> None:
     d = SCENARIO
     p.add_argument("--hw", help=f"a plan's system (default: its search's, else {d['hw']})")
     p.add_argument("--model", help=f"a plan's model (default: its search's, else {d['model']})")
-    p.add_argument("--input", type=int, help="a plan's prompt tokens")
-    p.add_argument("--output", type=int, help="a plan's output tokens")
-    p.add_argument("--batch", type=int, help="a plan's global decode batch")
+    p.add_argument("--input", type=int, help=f"a plan's prompt tokens (default: its search's, else {d['input']})")
+    p.add_argument("--output", type=int, help=f"a plan's output tokens (default: its search's, else {d['output']})")
+    p.add_argument("--batch", type=int, help=f"a plan's global decode batch (default: its search's, else {d['batch']})")
     p.add_argument("--quant", help="a plan's quantisation preset")
     p.add_argument("--workers", type=int, default=None, help="a sweep's local processes")
     common.add_set(p)
