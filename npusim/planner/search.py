@@ -26,11 +26,13 @@ cost per token is proportional to its chips: that is the order.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from itertools import groupby
 from pathlib import Path
@@ -531,30 +533,51 @@ def search(hw: str, model: str, *, input: int, output: int, slo: Slo, max_chips:
         frontier_tasks = [(sc, slo, sizing, c, workdir) for c in pareto(meeting, by_total)]
         exact = [c for c in _run(frontier_tasks, _exact_or_none, workers, "frontier as complete plans", progress) if c]
         result.frontier = pareto([c for c in exact if c.violation(slo) <= 1], by_total)
-        if load is None:
-            result.served = _serve_best_first(sc, result, workdir)
-            result.recommended = (result.verified.candidate if result.verified else
-                                  recommend(result.frontier))
-        else:
-            result.served = _serve_cheapest_first(sc, result.frontier, slo, load, workdir)
-            result.recommended = result.verified.candidate if result.verified else None
-        if not combos:
-            failed = [p for pts, _ in pre_runs + dec_runs for p in pts if not p.ok]
-            worst = max(failed, key=lambda p: p.layout.ranks, default=None)
-            result.refusal = f"{worst.layout.describe()}: {worst.error}" if worst else "no candidate in the space"
-        if not result.frontier:
-            near = sorted(combos, key=lambda c: (c.violation(slo), c.chips))[:closest]
-            result.closest = [c for c in _run([(sc, slo, sizing, c, workdir) for c in near], _exact_or_none, workers)
-                              if c]
-        result.predictions = predictions + len(exact) + len(result.closest)
-        if colocated and result.confirmed is not None:
-            result.disaggregated = _as_mixed(result.confirmed, dies)
-            result.colocated = compare_deployments(
-                sc, slo, result.frontier, lambda doc: _plan_file(doc, workdir), percentile=sizing.percentile,
-                requests=load.requests if load else Traffic.requests, seed=load.seed if load else Traffic.seed)
-            result.verdict = verdict(result.colocated, result.disaggregated, slo, sizing.percentile)
+        # without a load the co-located runs are served whenever the frontier is not empty: with a second worker
+        # they run in it while this process serves the frontier (their seeds fixed, the same runs either way)
+        with _ahead(colocated and load is None and bool(result.frontier) and workers > 1, _colocated_runs, sc, slo,
+                    result.frontier, workdir, sizing.percentile, load) as colocated_runs:
+            if load is None:
+                result.served = _serve_best_first(sc, result, workdir)
+                result.recommended = (result.verified.candidate if result.verified else
+                                      recommend(result.frontier))
+            else:
+                result.served = _serve_cheapest_first(sc, result.frontier, slo, load, workdir)
+                result.recommended = result.verified.candidate if result.verified else None
+            if not combos:
+                failed = [p for pts, _ in pre_runs + dec_runs for p in pts if not p.ok]
+                worst = max(failed, key=lambda p: p.layout.ranks, default=None)
+                result.refusal = f"{worst.layout.describe()}: {worst.error}" if worst else "no candidate in the space"
+            if not result.frontier:
+                near = sorted(combos, key=lambda c: (c.violation(slo), c.chips))[:closest]
+                result.closest = [c for c in _run([(sc, slo, sizing, c, workdir) for c in near], _exact_or_none,
+                                                  workers) if c]
+            result.predictions = predictions + len(exact) + len(result.closest)
+            if colocated and result.confirmed is not None:
+                result.disaggregated = _as_mixed(result.confirmed, dies)
+                result.colocated = colocated_runs()
+                result.verdict = verdict(result.colocated, result.disaggregated, slo, sizing.percentile)
     _PLAN_FILES.clear()
     return result
+
+
+def _colocated_runs(sc: Scenario, slo: Slo, frontier: list[Candidate], workdir: str, percentile: str,
+                    load: Traffic | None) -> list[Mixed]:
+    """The co-located deployments of the frontier served (`planner.colocated.compare_deployments`)."""
+    return compare_deployments(sc, slo, frontier, functools.partial(_plan_file, workdir=workdir), percentile=percentile,
+                               requests=load.requests if load else Traffic.requests,
+                               seed=load.seed if load else Traffic.seed)
+
+
+@contextmanager
+def _ahead(enabled: bool, fn, *args):
+    """Yields a function returning fn(*args): started at once in a worker process when `enabled` (the caller works
+    meanwhile; its result, or its exception, is taken when asked), else run when asked."""
+    if not enabled:
+        yield lambda: fn(*args)
+        return
+    with ProcessPoolExecutor(max_workers=1) as pool:
+        yield pool.submit(fn, *args).result
 
 
 def _as_mixed(served: Served, dies: int) -> Mixed:
