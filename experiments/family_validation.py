@@ -98,9 +98,9 @@ RUNS = [
     Run("C02", "GLM-5.1 W4A8 PD 1P1D 32 cards, P PP8 x CP4, D DP32 + EP32, 128K+1K, one request", GLM5,
         "glm5-a3-sglang-pd-cp-c02", "w4a8", 32, running=32 // 32, prefill_running=16, budget=180000, chunk=8192,
         concurrency=1, prompts=1, input=131072, output=1024, rate=None, ttft=13.146, tpot=0.0564,
-        output_throughput=14.45, bound=True, overrides=(("model.num_hidden_layers", "80"),),
-        note="GLM-5 config for GLM-5.1; 78 layers read as 80: npusim's PP needs equal stages, SGLang's "
-             "get_pp_indices gives six of 10 and two of 9, the pipeline paced by the 10-layer ones"),
+        output_throughput=14.45, bound=True,
+        note="GLM-5 config for GLM-5.1; 78 layers over PP8 as SGLang's get_pp_indices cuts them (six stages of 10, "
+             "two of 9), the pipeline paced by the 10-layer ones"),
     Run("C03", "Kimi-K2.6 W4A8 PD mixed 8 cards, DP16 + EP16, EAGLE-3 4 / 5, 3.5K+1.5K", KIMI,
         "kimi-k2-a3-sglang-mixed-dp16-eagle3-c03", "w4a8", 8, running=120 // 16, prefill_running=None,
         budget=16384, chunk=32768 // 16, concurrency=120, prompts=120, input=3500, output=1500, rate=None,

@@ -222,11 +222,13 @@ def _check_plan(cfg: ModelConfig, pl: Plan, system: System) -> None:
         checks = ((f"{role}.attention.tp", inst.attention.tp, cfg.num_attention_heads, "num_attention_heads"),
                   (f"{role}.moe.ep", inst.moe.ep, cfg.n_routed_experts + pl.eplb.redundant_experts,
                    "n_routed_experts + eplb.redundant_experts"),
-                  (f"{role}.moe.tp", inst.moe.tp, cfg.moe_intermediate_size, "moe_intermediate_size"),
-                  (f"{role}.pp", inst.pp, cfg.num_hidden_layers, "num_hidden_layers"))
+                  (f"{role}.moe.tp", inst.moe.tp, cfg.moe_intermediate_size, "moe_intermediate_size"))
         for field, degree, total, what in checks:
             if total % degree:
                 raise NpusimError(f"{degree} does not divide the model's {what} ({total})", file=where, field=field)
+        if inst.pp > cfg.num_hidden_layers:  # an uneven split is SGLang's get_pp_indices (parallel.step)
+            raise NpusimError(f"{inst.pp} pipeline stages exceed the model's {cfg.num_hidden_layers} layers",
+                              file=where, field=f"{role}.pp")
         if cfg.intermediate_size and cfg.intermediate_size % inst.dense_tp:
             raise NpusimError(f"{inst.dense_tp} does not divide intermediate_size ({cfg.intermediate_size})",
                               file=where, field=f"{role}.dense_tp")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from npusim import api
 from npusim.errors import NpusimError
 from npusim.graph.accounting import cache_footprint, indexer_row_bytes, kv_row_bytes, parameters
 from npusim.graph.builder import build_graph
@@ -298,3 +299,21 @@ def test_every_family_row_loads_its_deployment():
         assert s.plan.ranks <= s.system.chips * 2  # dies of the run's cards
         if run.id in ("S12", "C03"):
             assert s.plan.mtp.draft
+
+
+def test_an_uneven_pipeline_split_is_paced_by_its_longest_stage():
+    """GLM-5's 78 layers over PP8 (published.md C02): SGLang's get_pp_indices gives six stages 10 layers and two 9,
+    so the stage that paces the pipeline holds 10 of 78, and its weights are 10 of 78 of the model's; an even
+    split is unchanged, and more stages than layers is refused."""
+    from npusim.spec.plan import load_plan
+
+    inst = load_plan("glm5-a3-sglang-pd-cp-c02").instance("prefill")
+    assert inst.pp == 8
+    assert inst.busiest_stage(78.0, 78) == 10.0 and inst.busiest_stage(80.0, 80) == 80.0 / 8
+    p = api.predict("atlas-800-a3", "workloads/models/hf/GLM-5/config.json", "glm5-a3-sglang-pd-cp-c02",
+                    quant="w4a8", input=8192, output=64, batch=32, overrides={"chips": "32"})
+    assert p.prefill is not None and p.prefill.time > 0
+    with pytest.raises(NpusimError, match="exceed the model's 78 layers"):
+        api.predict("atlas-800-a3", "workloads/models/hf/GLM-5/config.json", "glm5-a3-sglang-pd-cp-c02",
+                    quant="w4a8", input=8192, output=64, batch=32,
+                    overrides={"chips": "200", "plan.prefill.pp": "79", "plan.prefill.ranks": "316"})

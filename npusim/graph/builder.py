@@ -461,6 +461,7 @@ def build_graph(model: ModelConfig, phase: str, batch: int, length: int, *, mtp_
             repeat = mtp_tokens  # one draft token per pass
         layers.append(LayerGraph(name="mtp", ops=tuple(ops), layers=(mtp_layer,), repeat=repeat))
     scenario = {"batch": batch, ("seq_len" if prefill else "context"): length, "mtp_tokens": mtp_tokens,
+                "layers": model.num_hidden_layers,
                 "tokens": q.tokens}
     return ModelGraph(model=model.name, phase=phase, quant=scheme.name, scenario=scenario, layers=tuple(layers))
 

@@ -85,7 +85,7 @@ def weight_bytes(model: ModelConfig, plan: Plan, phase: str, quant: QuantScheme)
         total += _draft_bytes(load_draft(plan.mtp.draft), model, inst)
     elif plan.mtp.depth:
         total += _stored(model, plan, inst, quant, pc.mtp_by_class, model.num_nextn_predict_layers)
-    return total / inst.pp
+    return inst.busiest_stage(total, model.num_hidden_layers)
 
 
 def _draft_bytes(draft: ModelConfig, target: ModelConfig, inst: Instance) -> float:
@@ -135,7 +135,7 @@ def kv_bytes(model: ModelConfig, plan: Plan, step: RankStep, quant: QuantScheme,
     TP degree exceeds the KV heads)."""
     inst = step.instance
     fp = accounting.cache_footprint(model, quant)
-    layers_share = 1.0 / inst.pp
+    layers_share = inst.busiest_stage(1.0, model.num_hidden_layers)
     if model.is_gqa:
         layers_share /= min(inst.attention.tp, model.num_key_value_heads)
     if step.phase == "prefill" and inst.attention.cp > 1:

@@ -433,9 +433,10 @@ def step_time(step: RankStep, plan: Plan, system: System) -> StepTime:
     layers = tuple(layer_time(layer, plan, system, streams) for layer in step.layers)
     pp = step.instance.pp
     body = sum(lt.time * lt.repeat for lt in layers)
-    if pp > 1:  # GPipe-style fill and drain over the plan's microbatches
+    if pp > 1:  # GPipe-style fill and drain over the plan's microbatches, paced by the busiest stage
         mbs = step.instance.microbatches
-        body = body / pp / mbs * (pp + mbs - 1) + (pp - 1) * _p2p(step, system)
+        stage = step.instance.busiest_stage(body, step.graph.scenario.get("layers", pp))
+        body = stage / mbs * (pp + mbs - 1) + (pp - 1) * _p2p(step, system)
     return StepTime(step.phase, body, layers)
 
 

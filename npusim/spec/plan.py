@@ -84,6 +84,12 @@ class Instance:
     def stage_ranks(self) -> int:
         return self.ranks // self.pp
 
+    def busiest_stage(self, total: float, layers: int) -> float:
+        """The busiest pipeline stage's part of `total`, spread over `layers` decoder layers: total / pp when pp
+        divides them, else ceil(layers / pp) of them (SGLang's get_pp_indices gives the first layers mod pp stages
+        one more)."""
+        return total / self.pp if layers % self.pp == 0 else total * -(-layers // self.pp) / layers
+
     @property
     def o_proj_group(self) -> int:
         """Ranks one o_proj is split over: its own TP, or at least the attention-TP group whose heads it reduces."""
