@@ -101,3 +101,35 @@ def test_a_prefix_hit_reaches_the_planners_predictions_and_commands(tmp_path):
     assert all("--prefix-hit 0.5" in line for line in commands(warm, tmp_path / "plan.yaml"))
     with pytest.raises(NpusimError, match=r"\[0, 1\)"):
         search(slo=Slo(1e3, 1e3), prefix_hit=-0.1, **SMALL)
+
+
+@pytest.mark.slow
+def test_colocated_runs_beside_the_confirming_run_are_the_same_runs(loose):
+    """With a second worker the co-located deployments are served in it while the main process serves the frontier
+    (search._ahead): the same runs, rows and verdict as one after the other."""
+    serial = search(slo=loose, **SMALL)
+    beside = search(slo=loose, **{**SMALL, "workers": 2})
+    assert serial.colocated, "the small space serves co-located deployments"
+    assert [repr(m) for m in beside.colocated] == [repr(m) for m in serial.colocated]
+    assert beside.verdict == serial.verdict and beside.recommended == serial.recommended
+    assert [repr(s) for s in beside.served] == [repr(s) for s in serial.served]
+
+
+def test_plan_files_are_the_text_safe_dump_writes(tmp_path):
+    """The search writes its candidates' plan files with libyaml's emitter (planner.search._DUMPER), named by their text:
+    the text PyYAML's pure-Python safe_dump writes, for every layout of the default space (and a described plan with
+    pools), and a document written twice is one file."""
+    import yaml
+
+    from npusim.planner.search import _plan_file
+    from npusim.planner.space import plan_document
+    space = SearchSpace(max_ranks=256, aic=24)
+    docs = [plan_document(p, p) for p in space.prefill_layouts()] + \
+        [plan_document(None, d) for d in space.decode_layouts()] + \
+        [plan_document(space.prefill_layouts()[0], space.decode_layouts()[-1], "npusim plan: " + "a long line " * 20,
+                       instances=(3, 21))]
+    for doc in docs:
+        path = _plan_file(doc, str(tmp_path))
+        assert open(path).read() == yaml.safe_dump(doc, sort_keys=False)
+        assert _plan_file(dict(doc), str(tmp_path)) == path
+    assert len(list(tmp_path.iterdir())) == len({repr(d) for d in docs})
