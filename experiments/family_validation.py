@@ -254,8 +254,8 @@ NOTES = """
 - Accept lengths the sources do not print (C01-C06) are estimates stated in each plan's header; a §1c verdict moves
   with them.
 - Configs: GLM-5.1 runs GLM-5's config.json, Kimi-K2.6 Kimi-K2-Instruct's (no public copy of either was found);
-  C02's 78 layers are read as 80 because npusim's pipeline needs equal stages (SGLang's get_pp_indices: six stages
-  of 10 layers and two of 9, the pipeline paced by the 10-layer ones).
+  C02's 78 layers run over PP8 as SGLang's get_pp_indices cuts them: six stages of 10 layers and two of 9, the
+  pipeline paced by the 10-layer ones (spec.plan Instance.busiest_stage).
 """
 
 if __name__ == "__main__":
