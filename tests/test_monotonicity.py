@@ -81,14 +81,27 @@ def check_kernel(name: str, shape: dict, chip_name: str, resource: str) -> None:
 
 
 def _kernel_property(name: str):
-    @pytest.mark.slow  # 15 cases of tuned kernels on two chips each: the slow tier, which .ci/run runs
     @knobs
     @given(KERNELS[name], chips, resources)
     def test(shape, chip_name, resource):
         check_kernel(name, shape, chip_name, resource)
     test.__name__ = f"test_{name}_never_slower_with_more_resource"
     test.__doc__ = f"{name}: each resource doubled, the tuned kernel is never slower."
-    return test
+    # 15 cases of tuned kernels on two chips each: the slow tier, which .ci/run runs. Marked here, not by a
+    # decorator line: derandomized examples are seeded from the function's source, and a line above `def test`
+    # changed them (the cases that then failed are test_known_violations_of_issue_33's)
+    return pytest.mark.slow(test)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 33: the tuner's shortlist changes with the vector rate")
+@pytest.mark.parametrize("kernel, shape, chip_name", [
+    ("flash_attention", {"tokens": 1024, "keys": 1024, "heads": 16, "kv_heads": 1, "causal": 0}, "910b2"),
+    ("sparse_flash_attention", {"tokens": 64, "keys": 4096}, "950dt-36"),
+])
+def test_known_violations_of_issue_33(kernel, shape, chip_name):
+    """Two cases the kernel properties drew once their examples moved: twice the vector rate, 0.6 % and 0.013 %
+    slower (88.20 -> 88.73 us, 218.749 -> 218.777 us). Strict: this fails, telling the fixer, once they are fixed."""
+    check_kernel(kernel, shape, chip_name, "vector")
 
 
 for _name in KERNELS:
