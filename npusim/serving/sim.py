@@ -16,10 +16,17 @@ Scheduling on a rank, per step, with the semantics of the framework the deployme
   SGLang's prefill delayer (`Scheduler.prefill_delay`) holds the prompts of every rank while some ranks could
   prefill and others could not, up to that many passes, so the ranks prefill in the same steps.
 A mixed step (co-located instances) costs its prefill part plus its decode part. The last prompt chunk computes the
-first token. Disaggregated: the prefill rank keeps the cache until a decode rank has admitted the request and the
-cache has crossed the link, and the first token reaches the user with it, from the decode rank (SGLang / vLLM PD
-serving; so TTFT = prefill + wait for a decode slot + transfer, as `npusim predict` counts it); a preempted decode
-sequence is recomputed on a prefill rank.
+first token. Disaggregated, each framework's PD flow (`Scheduler.connector`):
+  - SGLang (mooncake / ascend backends): the request first waits in a decode rank's prealloc queue until its prompt's
+    cache (beside 512 reserved tokens per active request, in the running limit plus SGLang's pre-allocation slots)
+    is reserved, then prefills; each chunk's cache is sent as the chunk ends; the prefill rank keeps the request's
+    slot and cache until the last send lands; the request joins the decode batch at the next step boundary, when the
+    prefill's token streams to the user.
+  - vLLM-Ascend 'pull' (MooncakeConnector): prefill first; the request then waits for a decode slot, the decode rank
+    pulls the whole cache, and its first step (recomputing the prompt's last token) gives the first token.
+    'layerwise' (MooncakeLayerwiseConnector): preallocated first, each layer pushed during the prefill's forward.
+  Every transfer holds the prefill rank's egress and the decode rank's ingress (one simpy resource each), so caches
+  landing on one decode rank take turns; a preempted decode sequence is recomputed on a prefill rank.
 Requests and preempted sequences go to the rank with the least KV load (cache held plus prompts queued).
 """
 
