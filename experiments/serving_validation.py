@@ -230,12 +230,14 @@ NOTES = """What the rows say (read with the table; nothing here is fitted):
 - S08 (V3.2 64K, one prompt at a time on the CP32 prefill, 0.25/s): TTFT -89 %, P99 -95 %. Predicted 2.5 s per 64K
   prefill keeps the prefill 63 % busy (queue 1.4 s). The log's P99 of 153 s with its last arrival at ~256 s says
   the real queue grew all run: 64 prefills in ~256 + 153 s, about 6 s each, ~2.5x the prediction.
-- S07 (rate 8, clients capped at 384 = the decode's 384 slots): TTFT -48 %, carried by the prefill queue (~4.3 s):
+- S07 (rate 8, clients capped at 384 = the decode's 384 slots): TTFT -62 %, carried by the prefill queue (~3.1 s):
   the one DP2 x TP8 prefill instance, its slots held while caches are sent, is the bottleneck in the simulation as
-  in the log (5.3 requests/s completed vs the log's 3.86/s with ~38 requests inside their TTFT by Little's law): the
-  real prefill is slower still, as in S02-S05.
-- S06 (rate 8, clients capped at 400 > 384 decode slots): TTFT -40 %, P99 +9 %. The prealloc wait (~2.7 s) carries
-  TTFT: 16 requests beyond the decode's slots wait for one, a wait inverse to the decode throughput, which is
+  in the log (the log's 3.86 requests/s completed, ~38 requests inside their TTFT by Little's law): the real
+  prefill is slower still, as in S02-S05. Since a1f4831 the decode's pre-allocation slots (SGLang's pre_alloc_size,
+  2 x a limit <= 32) let requests prefill while they wait for a running slot, which shortened the queue (-48 % before).
+- S06 (rate 8, clients capped at 400 > 384 decode slots): TTFT -44 %, P99 +0.4 %. The wait for a running slot
+  (~2.6 s, now in first_step: the cache has landed in a pre-allocation slot, the request waits to join the batch)
+  carries TTFT: 16 requests beyond the decode's slots wait for one, a wait inverse to the decode throughput, which is
   predicted ~39 % high (TPOT -28 %: the W4A8 decode step predicted fast, issue 28 item 3).
 - S01 (832 users, 2P1D, decode DP32): TTFT +5 %, median +6 %, P99 +44 %: right on the mean for the wrong reasons.
   The queue (~10 s) carries it: the simulated prefill ranks mostly run 2 of their 4 slots (the others hold caches
