@@ -238,20 +238,27 @@ class Rank:
 
     def admit_handoffs(self) -> None:
         sim = self.instance.sim
-        while self.waiting and len(self.running) + self.inbound + len(self.arrived) < self.max_batch:
+        while self.waiting and self.occupied() < self.max_batch:
             r = self.waiting[0]
-            if self.kv_used + r.kv > (self.admit_limit if self.running or self.inbound or self.arrived
-                                      else self.kv_tokens):
+            if self.kv_used + r.kv > (self.admit_limit if self.occupied() else self.kv_tokens):
                 return
-            self.waiting.popleft()
-            self.queued -= r.kv
-            sim.count(waiting=-1)
-            self.kv_used += r.kv
-            self.inbound += 1
+            self.take(self.waiting, r.kv)
             r.state = TRANSFER
-            r.decode_rank = self.name
-            r.admitted = sim.env.now
             sim.env.process(sim.transfer(r, self))
+
+    def occupied(self) -> int:
+        """A decode rank's request slots in use: running, in transfer, and landed waiting to join the batch."""
+        return len(self.running) + self.inbound + len(self.arrived)
+
+    def take(self, queue: deque[Request], tokens: int) -> Request:
+        """Admit the head of `queue` with `tokens` of cache reserved on this rank; its cache is now inbound."""
+        r = queue.popleft()
+        self.queued -= tokens
+        self.kv_used += tokens
+        self.inbound += 1
+        self.instance.sim.count(waiting=-1)
+        r.decode_rank, r.admitted = self.name, self.instance.sim.env.now
+        return r
 
     def reserve(self, r: Request, front: bool = False) -> None:
         """SGLang PD: r waits in this decode rank's prealloc queue; its prefill starts once a slot is reserved."""
@@ -266,18 +273,13 @@ class Rank:
         headroom kept while others run), then hand the request to a prefill rank (its bootstrap is done)."""
         sim = self.instance.sim
         reserve = 0 if sim.layerwise else Scheduler.RESERVED_DECODE_TOKENS
-        while self.prealloc and len(self.running) + self.inbound + len(self.arrived) < self.slots:
+        while self.prealloc and self.occupied() < self.slots:
             r = self.prealloc[0]
-            others = len(self.running) + self.inbound + len(self.arrived)
+            others = self.occupied()
             limit = self.admit_limit if others and sim.layerwise else self.kv_tokens
             if self.kv_used + r.prompt + (reserve * (others + 1) if others else 0) > limit:
                 return
-            self.prealloc.popleft()
-            self.queued -= r.prompt
-            sim.count(waiting=-1)
-            self.kv_used += r.prompt
-            self.inbound += 1
-            r.dest, r.decode_rank, r.admitted = self, self.name, sim.env.now
+            self.take(self.prealloc, r.prompt).dest = self
             min(sim.entry, key=Rank.load).enqueue(r)
 
     def release(self, r: Request) -> None:
@@ -290,6 +292,8 @@ class Rank:
     def join_arrived(self, now: float) -> None:
         """Requests whose cache has landed join the running batch at this step boundary (SGLang's transfer queue is
         polled once per scheduler pass); SGLang streams the prefill's token now, vLLM with its first decode step."""
+        if not self.arrived:
+            return
         room = max(0, self.max_batch - len(self.running))
         for r in self.arrived[:room]:
             r.state = DECODE
